@@ -1,0 +1,122 @@
+"""Prompt datasets for PPO (the ``data`` config group).
+
+Every dataset yields dicts of tensors: ``input_ids [P]`` and ``attention_mask [P]`` (left-padded to a
+common width), optionally ``reference_input_ids`` / ``reference_attention_mask`` (prompt + a reference
+response, the reward baseline of the TL;DR recipe), and an integer ``index``.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+from torch.utils.data import Dataset
+
+from rlhf_train.errors import ConfigError
+
+
+class PromptDataset(Dataset):
+    """Tensors of left-padded prompts, ``[N, P]``, plus optional reference sequences ``[N, L]``."""
+
+    def __init__(self, input_ids, attention_mask, reference_input_ids=None, reference_attention_mask=None,
+                 text=None):
+        if input_ids.shape[0] == 0:
+            raise ConfigError("the prompt dataset is empty; check data.split / data.max_prompts / data.dataset")
+        self.tensors = {"input_ids": input_ids, "attention_mask": attention_mask.long()}
+        if reference_input_ids is not None:
+            self.tensors["reference_input_ids"] = reference_input_ids
+            self.tensors["reference_attention_mask"] = reference_attention_mask.long()
+        self.text = text
+
+    def __len__(self) -> int:
+        return self.tensors["input_ids"].shape[0]
+
+    def __getitem__(self, i: int) -> dict:
+        item = {k: v[i] for k, v in self.tensors.items()}
+        item["index"] = torch.tensor(i)
+        return item
+
+    @property
+    def prompt_width(self) -> int:
+        return self.tensors["input_ids"].shape[1]
+
+
+def _limit(n: int, max_prompts: int | None) -> int:
+    return n if max_prompts is None else min(n, int(max_prompts))
+
+
+def movie_review_prompts(tokenizer, split: str = "test", min_prompt_tokens: int = 8, max_prompt_tokens: int = 16,
+                         max_prompts: int | None = None, seed: int = 0, **_) -> PromptDataset:
+    """First 8–16 tokens of the reviews of one seeded split (default ``test``: never seen by RM or judge)."""
+    from rlhf_train.data.movie_reviews import SPLIT_NAMES, load_reviews, prompts, split_reviews
+
+    if split not in SPLIT_NAMES:
+        raise ConfigError(f"data.split='{split}' is not a movie-review split; choose one of {', '.join(SPLIT_NAMES)}")
+    reviews = split_reviews(load_reviews("imdb"), seed=seed)[split]
+    reviews = reviews[: _limit(len(reviews), max_prompts)]
+    p = prompts(tokenizer, reviews, min_tokens=min_prompt_tokens, max_tokens=max_prompt_tokens, seed=seed)
+    return PromptDataset(p["input_ids"], p["attention_mask"], text=p["text"])
+
+
+def synthetic_prompts(tokenizer=None, min_prompt_tokens: int = 32, max_prompt_tokens: int = 64,
+                      max_prompts: int | None = 1024, seed: int = 0, vocab_size: int | None = None, **_) -> PromptDataset:
+    """Random-token prompts with random lengths (benchmarks): no text involved."""
+    n = max_prompts or 1024
+    V = vocab_size or len(tokenizer)
+    special = {tokenizer.eos_token_id, tokenizer.pad_token_id} if tokenizer is not None else set()
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, V, (n, max_prompt_tokens), generator=g)
+    for s in special:  # keep special ids out of the prompts
+        ids = torch.where(ids == s, (ids + 1) % V, ids)
+    lengths = torch.randint(min_prompt_tokens, max_prompt_tokens + 1, (n,), generator=g)
+    mask = torch.arange(max_prompt_tokens)[None] >= (max_prompt_tokens - lengths)[:, None]
+    pad = tokenizer.pad_token_id if tokenizer is not None else 0
+    return PromptDataset(ids.masked_fill(~mask, pad), mask)
+
+
+def _load_hf_dataset(name: str, split: str):
+    """``datasets.load_dataset`` (or ``load_from_disk`` for a saved dir) that fails fast when offline."""
+    import datasets
+
+    path = os.path.expanduser(name)
+    if os.path.isdir(path) and os.path.exists(os.path.join(path, "dataset_info.json")):
+        return datasets.load_from_disk(path)
+    if os.path.isdir(path) and os.path.exists(os.path.join(path, "dataset_dict.json")):
+        return datasets.load_from_disk(path)[split]
+    if os.path.exists(path):
+        return datasets.load_dataset(path, split=split)
+    try:
+        return datasets.load_dataset(name, split=split, download_mode="reuse_cache_if_exists")
+    except Exception as err:  # offline, or unknown name
+        raise ConfigError(
+            f"cannot load dataset '{name}' (split '{split}'): not a local path and not reachable/cached "
+            f"({type(err).__name__}). Save it with `datasets.load_dataset(...).save_to_disk(DIR)` on a machine "
+            f"with network access and set data.dataset=DIR"
+        ) from None
+
+
+def tldr_prompts(tokenizer, dataset: str = "CarperAI/openai_summarize_tldr", split: str = "train",
+                 max_prompt_length: int = 500, max_prompts: int | None = None, seed: int = 0, **_) -> PromptDataset:
+    """TL;DR posts (column ``prompt``) with their reference summaries (column ``label``)."""
+    ds = _load_hf_dataset(dataset, split)
+    for col in ("prompt", "label"):
+        if col not in ds.column_names:
+            raise ConfigError(f"dataset '{dataset}' has no '{col}' column (has {ds.column_names}); set data.dataset")
+    n = _limit(len(ds), max_prompts)
+    ds = ds.shuffle(seed=seed).select(range(n)) if n < len(ds) else ds
+    old_side, tokenizer.truncation_side = tokenizer.truncation_side, "left"
+    try:
+        tokenizer.padding_side = "left"
+        enc = tokenizer(list(ds["prompt"]), max_length=max_prompt_length, truncation=True, padding=True,
+                        return_tensors="pt")
+        tokenizer.padding_side = "right"
+        ref = tokenizer([p + l for p, l in zip(ds["prompt"], ds["label"])], max_length=max_prompt_length + 64,
+                        truncation=True, padding=True, return_tensors="pt")
+    finally:
+        tokenizer.truncation_side = old_side
+    return PromptDataset(enc["input_ids"], enc["attention_mask"], ref["input_ids"], ref["attention_mask"],
+                         text=list(ds["prompt"]))
+
+
+def collate(items: list[dict]) -> dict:
+    """Stack a list of dataset items into a batch of ``[B, ...]`` tensors."""
+    return {k: torch.stack([it[k] for it in items]) for k in items[0]}
