@@ -56,7 +56,7 @@ class AdaptiveKLController:
         KL_t = mean(kl_values); n_steps = N
         e_t  = clip(KL_t / target - 1, -0.2, 0.2)
         coef <- coef * (1 + e_t * n_steps / horizon)
-    An empty kl_values leaves coef unchanged.
+    Non-finite values are dropped; an empty kl_values leaves coef unchanged.
     """
 
     def __init__(self, init_kl_coef: float, target: float, horizon: int):
@@ -72,6 +72,7 @@ class AdaptiveKLController:
 
     def update(self, kl_values: Tensor | Sequence[float]) -> float:
         kl = torch.as_tensor(kl_values, dtype=torch.float64).detach().cpu().flatten()
+        kl = kl[torch.isfinite(kl)]  # a faulty rollout (NaN/inf KL) must not poison the coefficient for good
         n_steps = kl.numel()
         if n_steps == 0:
             return self.coef

@@ -1,4 +1,9 @@
-"""Offline data for the embedded-default sentiment pipeline (see :mod:`rlhf_train.data.movie_reviews`)."""
+"""Offline data for the embedded-default sentiment pipeline (see :mod:`rlhf_train.data.movie_reviews`).
+
+``movie_reviews.prompts`` is not re-exported here: ``rlhf_train.data.prompts`` is the prompt-dataset
+module (``_target_: rlhf_train.data.prompts.movie_review_prompts``), and a function of the same name
+on the package would hide it from Hydra's ``instantiate`` until something imports the module.
+"""
 
 from rlhf_train.data.movie_reviews import (
     EOS_TOKEN,
@@ -10,7 +15,6 @@ from rlhf_train.data.movie_reviews import (
     default_cache_dir,
     load_reviews,
     preference_pairs,
-    prompts,
     sft_examples,
     split_reviews,
     train_tokenizer,
@@ -26,7 +30,6 @@ __all__ = [
     "default_cache_dir",
     "load_reviews",
     "preference_pairs",
-    "prompts",
     "sft_examples",
     "split_reviews",
     "train_tokenizer",

@@ -59,8 +59,9 @@ PAD_TOKEN = "<|pad|>"
 
 SPLIT_NAMES: tuple[str, ...] = ("sft_train", "rm_train", "judge_train", "validation", "test")
 
-#: Default split fractions (sum to 1). With the deduplicated IMDB set (24,902 reviews) they
-#: give sft_train 9,961 / rm_train 6,225 / judge_train 3,735 / validation 1,245 / test 3,736.
+#: Default split fractions (sum to 1). With the deduplicated IMDB set (24,902 reviews, 12,471
+#: positive) and any seed they give sft_train 9,960 / rm_train 6,226 / judge_train 3,736 /
+#: validation 1,244 / test 3,736 (cut per label, so each split keeps the positive fraction).
 #: judge_train is disjoint from rm_train (the judge never sees the reward model's data), and
 #: PPO prompts are drawn from ``test``.
 SPLIT_FRACTIONS: Mapping[str, float] = {
@@ -104,19 +105,27 @@ def clean_text(text: str) -> str:
     return " ".join(text.split())
 
 
+@functools.lru_cache(maxsize=1)
+def _read_csv() -> tuple[tuple[str, Review], ...]:
+    """Every row of the CSV as (source, cleaned Review), parsed once per process."""
+    with open(csv_path(), newline="", encoding="utf-8") as f:
+        return tuple(
+            (row["source"], Review(text=clean_text(row["text"]), label=int(row["label"])))
+            for row in csv.DictReader(f)
+        )
+
+
 @functools.lru_cache(maxsize=None)
 def _load_reviews_cached(source: str) -> tuple[Review, ...]:
     seen: set[str] = set()
     out: list[Review] = []
-    with open(csv_path(), newline="", encoding="utf-8") as f:
-        for row in csv.DictReader(f):
-            if source != "all" and row["source"] != source:
-                continue
-            text = clean_text(row["text"])
-            if not text or text in seen:
-                continue
-            seen.add(text)
-            out.append(Review(text=text, label=int(row["label"])))
+    for src, review in _read_csv():
+        if source != "all" and src != source:
+            continue
+        if not review.text or review.text in seen:
+            continue
+        seen.add(review.text)
+        out.append(review)
     return tuple(out)
 
 
@@ -131,7 +140,12 @@ def load_reviews(source: str = "imdb") -> list[Review]:
     return list(_load_reviews_cached(source))
 
 
-load_reviews.cache_clear = _load_reviews_cached.cache_clear  # type: ignore[attr-defined]
+def _cache_clear() -> None:
+    _load_reviews_cached.cache_clear()
+    _read_csv.cache_clear()
+
+
+load_reviews.cache_clear = _cache_clear  # type: ignore[attr-defined]
 
 
 def split_reviews(
