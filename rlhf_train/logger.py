@@ -2,8 +2,11 @@
 
 * ``wandb``: with no credentials or no network, W&B runs offline and says so in one line; its files
   land in the run dir. A resumed run continues the same W&B run (the id is kept in checkpoints).
+  In a Hydra multirun, unless ``logger.group`` / ``logger.name`` are set, the jobs join one group named
+  after the sweep and each run is named by its overrides (:func:`rlhf_train.sweep.wandb_names`).
 * ``csv``: ``metrics.csv`` in the run dir, one row per iteration, an ``iteration`` column and one column
-  per metric; samples go to ``samples.jsonl``.
+  per metric (``time/*`` in ``timings.csv``, so that ``metrics.csv`` is reproducible); samples go to
+  ``samples.jsonl``.
 """
 from __future__ import annotations
 
@@ -37,36 +40,80 @@ class NullLogger:
 
 
 class CSVLogger(NullLogger):
-    """``metrics.csv`` (rewritten each iteration so new columns simply appear) + ``samples.jsonl``."""
+    """``metrics.csv`` + ``timings.csv`` + ``samples.jsonl`` in the run dir.
+
+    ``metrics.csv``: one row per iteration, rewritten each iteration so new columns simply appear; values
+    are written with full precision (``repr`` of the float, which reads back bit for bit). The ``time/*``
+    metrics go to ``timings.csv`` instead: wall-clock times differ from run to run, and a resumed run must
+    reproduce ``metrics.csv`` exactly. On resume, every file keeps the rows up to the checkpoint's
+    iteration and drops the rest (they were logged after the checkpoint and will be logged again).
+    A fresh run replaces any files left in the run dir.
+    """
 
     def __init__(self, run_dir: str | Path, resume_iteration: int | None = None):
-        self.path = Path(run_dir) / "metrics.csv"
-        self.samples_path = Path(run_dir) / "samples.jsonl"
-        self.rows: list[dict] = []
-        if resume_iteration is not None and self.path.exists():
-            with open(self.path, newline="") as f:
-                self.rows = [r for r in csv.DictReader(f) if int(r["iteration"]) <= resume_iteration]
-            self._write()
-        elif self.path.exists():
-            self.path.unlink()
-
-    def _write(self) -> None:
-        columns = ["iteration"] + sorted({k for r in self.rows for k in r} - {"iteration"})
-        tmp = self.path.with_suffix(".csv.tmp")
-        with open(tmp, "w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=columns)
-            writer.writeheader()
-            writer.writerows(self.rows)
-        os.replace(tmp, self.path)
+        run_dir = Path(run_dir)
+        self.path, self.timings_path = run_dir / "metrics.csv", run_dir / "timings.csv"
+        self.samples_path = run_dir / "samples.jsonl"
+        keep = (lambda it: int(it) <= resume_iteration) if resume_iteration is not None else (lambda it: False)
+        self.rows = _read_csv(self.path, keep)
+        self.timing_rows = _read_csv(self.timings_path, keep)
+        samples = self.samples_path.read_text().splitlines(keepends=True) if self.samples_path.exists() else []
+        _replace_text(self.samples_path, "".join(ln.rstrip("\n") + "\n" for ln in samples if keep(_sample_iteration(ln))))
+        _write_csv(self.path, self.rows)
+        _write_csv(self.timings_path, self.timing_rows)
 
     def log(self, metrics: dict, step: int) -> None:
-        self.rows.append({"iteration": step, **{k: _num(v) for k, v in metrics.items()}})
-        self._write()
+        timings = {k: _num(v) for k, v in metrics.items() if k.startswith("time/")}
+        self.rows.append({"iteration": step, **{k: _num(v) for k, v in metrics.items() if k not in timings}})
+        _write_csv(self.path, self.rows)
+        if timings:
+            self.timing_rows.append({"iteration": step, **timings})
+            _write_csv(self.timings_path, self.timing_rows)
 
     def log_samples(self, rows: list[dict], step: int) -> None:
         with open(self.samples_path, "a") as f:
             for r in rows:
                 f.write(json.dumps({"iteration": step, **r}) + "\n")
+
+
+def _sample_iteration(line: str) -> int:
+    """The iteration of one ``samples.jsonl`` line; a line cut short by a kill counts as "after"."""
+    try:
+        return int(json.loads(line)["iteration"])
+    except (ValueError, KeyError, TypeError):
+        return 1 << 62
+
+
+def _read_csv(path: Path, keep) -> list[dict]:
+    if not path.exists():
+        return []
+    with open(path, newline="") as f:
+        return [r for r in csv.DictReader(f) if keep(r["iteration"])]
+
+
+def _replace_text(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` atomically (temp file + rename); an empty text removes the file."""
+    if not text:
+        path.unlink(missing_ok=True)
+        return
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def _write_csv(path: Path, rows: list[dict]) -> None:
+    """``rows`` as CSV (an ``iteration`` column, then the union of the rows' keys, sorted), atomically."""
+    if not rows:
+        path.unlink(missing_ok=True)
+        return
+    import io
+
+    columns = ["iteration"] + sorted({k for r in rows for k in r} - {"iteration"})
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=columns, lineterminator="\n")
+    writer.writeheader()
+    writer.writerows({k: (repr(v) if isinstance(v, float) else v) for k, v in r.items()} for r in rows)
+    _replace_text(path, buf.getvalue())
 
 
 def _num(v: Any) -> Any:
@@ -108,11 +155,15 @@ class WandbLogger(NullLogger):
                       f"(sync later with `wandb sync {run_dir}/wandb/offline-run-*`)")
         os.environ.setdefault("WANDB_SILENT", "true")
         self.wandb = wandb
+        from rlhf_train.sweep import wandb_names
+
+        sweep_group, job_name = wandb_names(config.get("task_name"))  # multirun: group = sweep, name = overrides
         self.run = wandb.init(
-            project=cfg.project, entity=cfg.entity, group=cfg.group, name=cfg.name, tags=list(cfg.tags),
+            project=cfg.project, entity=cfg.entity, group=cfg.group or sweep_group, name=cfg.name or job_name,
+            tags=list(cfg.tags),
             config=redact(config), dir=str(run_dir), mode=mode, id=resume_id,
             resume="allow" if resume_id else None,
-            settings=wandb.Settings(start_method="thread", init_timeout=60, console="off"),
+            settings=wandb.Settings(init_timeout=60, console="off"),
         )
         self.run_id = self.run.id
         self.table_rows: list[list] = []
