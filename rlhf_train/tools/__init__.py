@@ -1,0 +1,1 @@
+"""Command-line tools that check a run (``python -m rlhf_train.tools.<name>``)."""

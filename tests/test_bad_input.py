@@ -1,0 +1,193 @@
+"""Bad input: one clear error naming the problem, before any work starts, nothing already written changed.
+
+One test per bad input of issue 7; most in-process (``ConfigError`` is the one line ``python -m rlhf_train``
+prints as ``Error: ...`` with exit status 2), three through the CLI. Budget: ~20 s.
+"""
+from __future__ import annotations
+
+import copy
+import functools
+
+import pytest
+import torch
+from hydra.errors import HydraException
+from omegaconf.errors import OmegaConfBaseException
+
+from rlhf_train.errors import ConfigError
+from tests.reliability_helpers import cli, files_of, make_cfg, tiny_policy
+
+
+def _train_fails(tmp_path, *overrides, match: str):
+    """``train`` raises a ConfigError matching ``match``, and writes nothing into the run dir."""
+    from rlhf_train.trainer import train
+
+    run = tmp_path / "run"
+    run.mkdir(exist_ok=True)
+    (run / "metrics.csv").write_text("iteration,objective/score\n1,0.5\n")  # an earlier run's output
+    before = files_of(run)
+    with pytest.raises(ConfigError, match=match) as exc:
+        train(make_cfg(*overrides), run)
+    assert "\n" not in str(exc.value)  # one line
+    assert files_of(run) == before and not (run / "checkpoints").exists()
+    return str(exc.value)
+
+
+# ---------------------------------------------------------------- config keys and types
+def test_unknown_config_key():
+    with pytest.raises((HydraException, OmegaConfBaseException), match=r"trainer\.bogus|bogus"):
+        make_cfg("trainer.bogus=1")
+
+
+def test_wrong_type():
+    with pytest.raises((HydraException, OmegaConfBaseException), match=r"trainer\.num_iterations"):
+        make_cfg("trainer.num_iterations=many")
+
+
+def test_unknown_key_via_cli_fails_fast(tmp_path):
+    out = cli("+recipe=smoke", "ppo.bogus_key=1", f"hydra.run.dir={tmp_path / 'run'}", timeout=120)
+    assert out.returncode != 0 and "bogus_key" in out.stderr
+    assert not (tmp_path / "run").exists()
+
+
+# ---------------------------------------------------------------- values Hydra's types cannot catch
+@pytest.mark.parametrize("override,key", [
+    ("rollout.max_new_tokens=0", "rollout.max_new_tokens"),
+    ("rollout.max_new_tokens=-4", "rollout.max_new_tokens"),
+    ("kl_controller.target=0", "kl_controller.target"),
+    ("kl_controller.horizon=-10", "kl_controller.horizon"),
+    ("data.batch_size=0", "data.batch_size"),
+    ("ppo.minibatch_size=-2", "ppo.minibatch_size"),
+    ("rollout.logprob_batch_size=0", "rollout.logprob_batch_size"),
+    ("trainer.keep_checkpoints=-1", "trainer.keep_checkpoints"),
+    ("trainer.max_consecutive_faults=0", "trainer.max_consecutive_faults"),
+])
+def test_non_positive_values(override, key):
+    from omegaconf import OmegaConf
+
+    from rlhf_train.trainer import validate_config
+
+    cfg = copy.deepcopy(_adaptive_cfg())
+    OmegaConf.update(cfg, key, int(override.split("=")[1]))  # as the override would (types still checked)
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        validate_config(cfg)
+
+
+@functools.lru_cache(maxsize=1)
+def _adaptive_cfg():
+    return make_cfg("kl_controller=adaptive")
+
+
+def test_non_positive_value_via_cli_is_one_line(tmp_path):
+    out = cli("+recipe=smoke", "logger=csv", "rollout.max_new_tokens=0", f"hydra.run.dir={tmp_path / 'run'}")
+    assert out.returncode == 2
+    assert out.stderr.strip().splitlines() == ["Error: rollout.max_new_tokens=0 must be positive"]
+    assert not (tmp_path / "run" / "metrics.csv").exists()
+
+
+# ---------------------------------------------------------------- data, tokenizer, models
+def test_prompts_longer_than_the_context(tmp_path):
+    msg = _train_fails(tmp_path, "policy.config.n_positions=16", match="context")
+    assert "rollout.max_new_tokens" in msg and "16 tokens" in msg
+
+
+def test_empty_dataset(tmp_path):
+    _train_fails(tmp_path, "data.max_prompts=0", match=r"empty.*data\.max_prompts")
+
+
+def test_unknown_split(tmp_path):
+    _train_fails(tmp_path, "data.split=no_such_split", match=r"data\.split='no_such_split'")
+
+
+def test_tokenizer_without_eos(tmp_path):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"[UNK]": 0, **{w: i + 1 for i, w in enumerate("the a movie was good bad".split())}}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]").save_pretrained(tmp_path / "tok")
+    _train_fails(tmp_path, "tokenizer=pretrained", f"tokenizer.pretrained={tmp_path / 'tok'}",
+                 match=r"no EOS token.*tokenizer")
+
+
+def test_reward_model_output_of_the_wrong_shape(tmp_path):
+    msg = _train_fails(tmp_path, "reward_model._target_=tests.reliability_helpers.bad_shape_reward_model",
+                       match="reward model's output has the wrong shape")
+    assert "end_scores [2]" in msg and "reward_model" in msg
+
+
+def test_hub_model_name_without_network(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    _train_fails(tmp_path, "policy.pretrained=no-such-org/no-such-model",
+                 match=r"no-such-org/no-such-model.*policy\.pretrained=")
+
+
+# ---------------------------------------------------------------- checkpoints
+def test_missing_checkpoint_path(tmp_path):
+    _train_fails(tmp_path, f"trainer.resume={tmp_path / 'nope' / 'iter_000003'}",
+                 match=r"trainer\.resume=.*no such checkpoint directory")
+
+
+def _checkpoint(tmp_path):
+    from accelerate import Accelerator
+
+    from rlhf_train.checkpoint import save_checkpoint
+
+    policy = tiny_policy()
+    optimizer = torch.optim.AdamW(policy.parameters())
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    path = save_checkpoint(tmp_path / "old_run", 1, accelerator=Accelerator(cpu=True), policy=policy,
+                           optimizer=optimizer, scheduler=scheduler, trainer_state={}, config_yaml="")
+    return path, policy, optimizer, scheduler
+
+
+def test_corrupt_checkpoint_path(tmp_path):
+    path, *_ = _checkpoint(tmp_path)
+    weights = path / "policy" / "model.safetensors"
+    weights.write_bytes(b"\0" * weights.stat().st_size)  # same size, garbage
+    _train_fails(tmp_path, f"trainer.resume={path}", match=r"trainer\.resume=.*model\.safetensors.*corrupt")
+
+
+def test_corrupt_optimizer_state_fails_to_load_with_one_line(tmp_path):
+    from accelerate import Accelerator
+
+    from rlhf_train.checkpoint import load_checkpoint, resolve_resume
+
+    path, policy, optimizer, scheduler = _checkpoint(tmp_path)
+    opt = path / "optimizer.pt"
+    opt.write_bytes(b"x" * opt.stat().st_size)  # passes the cheap checks, fails torch.load
+    assert resolve_resume(str(path), tmp_path) == path
+    with pytest.raises(ConfigError, match=r"trainer\.resume: checkpoint .* cannot be loaded") as exc:
+        load_checkpoint(path, accelerator=Accelerator(cpu=True), policy=policy, optimizer=optimizer,
+                        scheduler=scheduler)
+    assert "\n" not in str(exc.value)
+
+
+def test_all_checkpoints_damaged_with_resume_auto(tmp_path):
+    from rlhf_train.checkpoint import resolve_resume
+
+    path, *_ = _checkpoint(tmp_path)
+    (path / "value_head.safetensors").write_bytes(b"")
+    with pytest.raises(ConfigError, match=r"trainer\.resume=auto: every checkpoint .* is damaged"):
+        resolve_resume("auto", tmp_path / "old_run")
+
+
+# ---------------------------------------------------------------- output dir
+def test_output_dir_not_writable(tmp_path):
+    from rlhf_train.run_dir import check_writable
+    from rlhf_train.trainer import train
+
+    (tmp_path / "a_file").write_text("")
+    with pytest.raises(ConfigError, match=r"hydra\.run\.dir=.*not writable"):
+        train(make_cfg(), tmp_path / "a_file" / "run")
+    check_writable(tmp_path / "new" / "deep" / "run")  # creatable is fine, and the check creates nothing
+    assert not (tmp_path / "new").exists()
+
+
+def test_output_dir_not_writable_via_cli(tmp_path):
+    (tmp_path / "a_file").write_text("")
+    out = cli("+recipe=smoke", f"hydra.run.dir={tmp_path / 'a_file' / 'run'}", timeout=120)
+    assert out.returncode == 2
+    assert out.stderr.strip().splitlines() == [
+        f"Error: hydra.run.dir='{tmp_path / 'a_file' / 'run'}' is not writable: '{tmp_path / 'a_file'}' is not a "
+        f"directory; set hydra.run.dir=<a writable dir>"]
