@@ -132,12 +132,13 @@ class ReferenceModelLogProbTransform(_RolloutTransform):
                  tokens_key: Key = ("tokens", "full"), mask_key: Key = ("masks", "full"),
                  response_mask_key: Key = ("masks", "response"),
                  out_key: Key = ("ref_log_probs", "response"), use_ray_service: bool = False,
-                 actor_name: str | None = None):
+                 actor_name: str | None = None, ray: dict | None = None):
         super().__init__(in_keys=[_key(tokens_key), _key(mask_key)], out_keys=[_key(out_key)])
         self.ref_log_prob_fn = ref_log_prob_fn
         self.tokens_key, self.mask_key = _key(tokens_key), _key(mask_key)
         self.response_mask_key, self.out_key = _key(response_mask_key), _key(out_key)
-        self.use_ray_service, self.actor_name = use_ray_service, actor_name
+        # the Ray service settings are read by rlhf_train.ray_service, which builds ref_log_prob_fn
+        self.use_ray_service, self.actor_name, self.ray = use_ray_service, actor_name, ray
 
     def forward(self, td: TensorDictBase) -> TensorDictBase:
         if td.get(self.out_key, None) is not None:
@@ -277,10 +278,10 @@ def build_transform_stack(entries: dict | None, **runtime: Any) -> Compose:
     for name, cfg in (entries or {}).items():
         if cfg is None or (hasattr(cfg, "get") and cfg.get("enabled_in_stack", True) is False):
             continue
-        target = get_class(cfg["_target_"])
-        params = inspect.signature(target.__init__).parameters
-        extra = {k: v for k, v in runtime.items() if k in params and (k not in cfg or cfg[k] is None)}
         try:
+            target = get_class(cfg["_target_"])
+            params = inspect.signature(target.__init__).parameters
+            extra = {k: v for k, v in runtime.items() if k in params and (k not in cfg or cfg[k] is None)}
             transforms.append(instantiate(cfg, **extra))
         except Exception as err:  # hydra wraps constructor errors; surface ours as the one line
             cause = err
@@ -290,6 +291,39 @@ def build_transform_stack(entries: dict | None, **runtime: Any) -> Compose:
                 raise cause
             raise ConfigError(f"transforms.{name}: {cause}") from err
     return Compose(*transforms)
+
+
+def check_transform_stack(entries: dict | None) -> None:
+    """Build the stack and run it on a stand-in rollout of 2 sequences (P=2, T=3), at start: a bad entry,
+    or one left without its input because an entry it reads from was dropped, fails here with one line
+    naming the entry, and the stack must end with the per-token ``("next", "reward")`` PPO needs."""
+    from tensordict import TensorDict
+
+    response = torch.tensor([[5, 0, 1], [5, 6, 7]])  # row 0 ends at EOS (id 0), row 1 is truncated
+    mask = torch.tensor([[True, True, False], [True, True, True]])
+    prompt, prompt_mask = torch.tensor([[1, 3], [2, 3]]), torch.tensor([[False, True], [True, True]])
+    done = torch.tensor([[False, True, False], [False, False, True]])
+    td = TensorDict({
+        "tokens": {"prompt": prompt, "response": response, "full": torch.cat([prompt, response], 1)},
+        "masks": {"prompt": prompt_mask, "response": mask, "full": torch.cat([prompt_mask, mask], 1)},
+        "log_probs": {"response": torch.full((2, 3), -1.0)}, "action": response,
+        "sample_log_prob": torch.full((2, 3), -1.0), "values": torch.zeros(2, 3), "kl_coef": torch.full((2,), 0.1),
+        "next": {"done": done, "terminated": done & torch.tensor([[True], [False]]),
+                 "truncated": done & torch.tensor([[False], [True]]), "score": torch.ones(2),
+                 "score_raw": torch.ones(2), "score_ref": torch.zeros(2)},
+    }, batch_size=[2])
+    runtime = {"ref_log_prob_fn": lambda full, full_mask, prompt_len: torch.full((2, 3), -2.0), "eos_token_id": 0}
+    for name, cfg in (entries or {}).items():
+        for transform in build_transform_stack({name: cfg}, **runtime).transforms:
+            try:
+                td = transform(td)
+            except Exception as err:
+                raise ConfigError(f"transforms.{name} ({type(transform).__name__}) fails on a stand-in rollout "
+                                  f"({type(err).__name__}: {err}): an entry it reads from was dropped, or a key "
+                                  f"is misspelled") from None
+    if td.get(("next", "reward"), None) is None:
+        raise ConfigError("the transforms stack writes no per-token ('next', 'reward'): keep transforms.reward "
+                          "(or add an entry that writes it)")
 
 
 def default_transform_stack(ref_log_prob_fn: Callable | None, kl_coef: float, score_clip: float | None,
