@@ -117,6 +117,7 @@ class OptimizerSchema:
     betas: List[float] = field(default_factory=lambda: [0.9, 0.999])
     eps: float = 1e-8
     weight_decay: float = 0.0
+    fused: Optional[bool] = None
 
 
 @dataclass
@@ -134,7 +135,7 @@ class TrainerSchema:
     keep_checkpoints: int = 2
     resume: Optional[str] = None
     max_consecutive_faults: int = 3
-    mixed_precision: str = "no"
+    mixed_precision: Optional[str] = None
     cpu: bool = False
     num_threads: Optional[int] = None
     progress_bar: bool = True
@@ -151,36 +152,67 @@ class LoggerSchema:
     tags: List[str] = field(default_factory=list)
 
 
-# ---------------------------------------------------------------- stages of the embedded default
+# ---------------------------------------------------------------- stages of the pipeline (rlhf_train/pipeline.py)
 @dataclass
 class SFTSchema:
+    source: str = "movie_reviews"
+    dataset: Optional[str] = None
+    train_split: str = "train"
+    val_split: str = "valid"
+    init: Optional[str] = None
     max_len: int = 64
     batch_size: int = 32
     max_steps: int = 600
     lr: float = 1e-3
+    betas: List[float] = field(default_factory=lambda: [0.9, 0.95])
+    weight_decay: float = 0.0
     warmup_steps: int = 50
+    min_lr_ratio: float = 0.1
+    grad_clip: Optional[float] = 1.0
+    dropout: Optional[float] = 0.0
     eval_every: int = 200
+    eval_batch_size: int = 64
     max_train_examples: Optional[int] = None
+    max_eval_examples: Optional[int] = None
     seed: int = 0
 
 
 @dataclass
 class RMSchema:
+    source: str = "movie_reviews"
+    dataset: Optional[str] = None
+    train_split: str = "train"
+    val_split: str = "valid1"
     backbone: str = "sft"
+    encoder_max_length: int = 128
     max_len: int = 64
     batch_size: int = 32
     max_steps: int = 300
     lr: float = 3e-4
+    betas: List[float] = field(default_factory=lambda: [0.9, 0.95])
+    weight_decay: float = 0.0
+    warmup_steps: int = 20
+    min_lr_ratio: float = 0.1
+    grad_clip: Optional[float] = 1.0
+    dropout: Optional[float] = 0.0
     eval_every: int = 100
+    eval_batch_size: int = 64
     max_train_pairs: Optional[int] = None
+    max_eval_pairs: Optional[int] = None
+    normalize: bool = True
     seed: int = 0
 
 
 @dataclass
 class EvaluationSchema:
+    enabled: bool = True
+    split: str = "validation"
     num_prompts: int = 256
-    num_samples_shown: int = 4
     batch_size: int = 64
+    num_samples_shown: int = 4
+    judge: bool = True
+    plot: bool = True
+    seed: int = 0
 
 
 @dataclass
@@ -201,12 +233,32 @@ class Config:
     scheduler: Any = MISSING
     trainer: Any = MISSING
     logger: Any = MISSING
-    sft: SFTSchema = field(default_factory=SFTSchema)
-    rm: RMSchema = field(default_factory=RMSchema)
-    evaluation: EvaluationSchema = field(default_factory=EvaluationSchema)
+    sft: Any = MISSING
+    rm: Any = MISSING
+    evaluation: Any = MISSING
+
+
+def launch_time(pattern: str) -> str:
+    """``${launch_time:%Y-%m-%d_%H-%M-%S}`` (``hydra.run.dir``): Hydra's ``${now:...}``, except that under
+    ``accelerate launch`` / ``torchrun`` it is the launcher's start time, so all processes of one launch
+    agree on the run dir (each process's own clock may be a second apart)."""
+    import os
+    from datetime import datetime
+
+    if "LOCAL_RANK" in os.environ:
+        try:
+            import psutil
+
+            return datetime.fromtimestamp(psutil.Process(os.getppid()).create_time()).strftime(pattern)
+        except Exception:  # no psutil / no access: this process's clock
+            pass
+    return datetime.now().strftime(pattern)
 
 
 def register_configs() -> None:
+    from omegaconf import OmegaConf
+
+    OmegaConf.register_new_resolver("launch_time", launch_time, use_cache=True, replace=True)
     cs = ConfigStore.instance()
     cs.store(name="config_schema", node=Config)
     cs.store(group="tokenizer", name="tokenizer_schema", node=TokenizerSchema)
@@ -222,3 +274,6 @@ def register_configs() -> None:
     cs.store(group="scheduler", name="scheduler_schema", node=SchedulerSchema)
     cs.store(group="trainer", name="trainer_schema", node=TrainerSchema)
     cs.store(group="logger", name="logger_schema", node=LoggerSchema)
+    cs.store(group="sft", name="sft_schema", node=SFTSchema)
+    cs.store(group="rm", name="rm_schema", node=RMSchema)
+    cs.store(group="evaluation", name="evaluation_schema", node=EvaluationSchema)
