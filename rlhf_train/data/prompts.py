@@ -73,6 +73,27 @@ def synthetic_prompts(tokenizer=None, min_prompt_tokens: int = 32, max_prompt_to
     return PromptDataset(ids.masked_fill(~mask, pad), mask)
 
 
+def _hub_reachable(timeout: float = 2.0) -> bool:
+    """One quick TCP connect instead of ``datasets``' retries (~25 s) when the Hub is unreachable."""
+    import socket
+
+    if os.environ.get("HF_HUB_OFFLINE") == "1" or os.environ.get("HF_DATASETS_OFFLINE") == "1":
+        return False
+    host = os.environ.get("HF_ENDPOINT", "https://huggingface.co").split("://")[-1].split("/")[0]
+    try:
+        socket.create_connection((host, 443), timeout=timeout).close()
+        return True
+    except OSError:
+        return False
+
+
+def _in_datasets_cache(name: str) -> bool:
+    import datasets
+
+    cache = os.path.expanduser(str(datasets.config.HF_DATASETS_CACHE))
+    return os.path.isdir(os.path.join(cache, name.replace("/", "___")))
+
+
 def _load_hf_dataset(name: str, split: str):
     """``datasets.load_dataset`` (or ``load_from_disk`` for a saved dir) that fails fast when offline."""
     import datasets
@@ -84,6 +105,11 @@ def _load_hf_dataset(name: str, split: str):
         return datasets.load_from_disk(path)[split]
     if os.path.exists(path):
         return datasets.load_dataset(path, split=split)
+    if not _hub_reachable() and not _in_datasets_cache(name):
+        raise ConfigError(
+            f"cannot load dataset '{name}' (split '{split}'): no network and not in the local datasets cache. "
+            f"Save it with `datasets.load_dataset(...).save_to_disk(DIR)` on a machine with network access and "
+            f"set data.dataset=DIR")
     try:
         return datasets.load_dataset(name, split=split, download_mode="reuse_cache_if_exists")
     except Exception as err:  # offline, or unknown name
