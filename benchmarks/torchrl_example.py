@@ -63,12 +63,25 @@ in the code):
    ``attn``); ``attn="sdpa"`` is offered for comparison and then uses torchrl's own fallback
    ``VmapModule(..., mock=True)`` (same values, one call per timestep instead of one batched
    call).
+4. torchrl >= 0.10's ``ClipPPOLoss`` reads the behaviour log-prob from ``"action_log_prob"``
+   by default; ``RolloutFromModel`` still writes ``"sample_log_prob"`` (the example's key), so
+   ``loss_fn.set_keys(sample_log_prob="sample_log_prob")``.
+5. ``RolloutFromModel`` stores ``sample_log_prob`` as ``[B, T, 1]`` while the Categorical
+   actor's log-prob is per-sample (``[N]``); in ``ClipPPOLoss`` that silently broadcasts to a
+   ``[16, 16, 1]`` log-ratio.  It is squeezed to ``[B, T]`` right after each rollout (the
+   compute is unchanged; the ratio is then per-timestep as intended).
+
+Kept as in the example although questionable (they do not change the amount of work):
+``sample_log_prob`` comes from ``generate``'s *processed* scores, i.e. after HF's default
+``top_k=50`` warper, so the first PPO ratio is ~exp(-ln(V/50)) (clip fraction ~1); and with
+2 layers ``freeze_layers`` freezes nothing.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import time
 from copy import deepcopy
@@ -159,7 +172,7 @@ def make_prompt_batches(n_batches, batch, prompt_len, label_len, vocab, generato
     from torchrl.data.llm.prompt import PromptData
 
     block_size = prompt_len + label_len
-    hi = min(vocab, RLHF_EOS)  # random ids in [0, 50256): never the EOS/pad id
+    hi = RLHF_EOS  # random ids in [0, 50256): never the EOS/pad id
     out = []
     for _ in range(n_batches):
         input_ids = torch.full((batch, block_size), RLHF_EOS, dtype=torch.int64)
@@ -234,6 +247,13 @@ def run_torchrl_example_iteration(
     from torchrl.objectives.value import GAE
     from transformers import GPT2LMHeadModel
 
+    if vocab <= RLHF_EOS:
+        raise ValueError(
+            f"vocab={vocab}: torchrl's RolloutFromModel/PromptData hard-code the GPT-2 EOS/pad "
+            f"id {RLHF_EOS}, so the vocabulary must contain it (vocab >= {RLHF_EOS + 1})."
+        )
+    if prompt_len < 2:
+        raise ValueError("prompt_len must be >= 2")
     torch.set_num_threads(threads)
     torch.manual_seed(seed)  # example: utils.setup -> torch.manual_seed(1337)
     if label_len is None:
@@ -349,6 +369,7 @@ def run_torchrl_example_iteration(
     }
 
     # ================= one iteration of the training loop ================= #
+    ru0 = resource.getrusage(resource.RUSAGE_SELF)
     t0 = time.perf_counter()
     # ----------------- 1. Collect data, fill replay buffer ----------------- #
     rb.empty()
@@ -405,6 +426,7 @@ def run_torchrl_example_iteration(
             lr_scheduler.step()
             n_opt_steps += 1
     t2 = time.perf_counter()
+    ru2 = resource.getrusage(resource.RUSAGE_SELF)
 
     model.generate = _orig_generate  # drop the instance attribute again
     rollout_s = t1 - t0
@@ -419,6 +441,10 @@ def run_torchrl_example_iteration(
         "gen_tokens": int(gen_tokens),
         "tokens_per_s": round(gen_tokens / total_s, 2),
         "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        # process CPU time (user + sys) over the iteration: a contention-independent check
+        "cpu_s": round(
+            (ru2.ru_utime - ru0.ru_utime) + (ru2.ru_stime - ru0.ru_stime), 3
+        ),
     }
     if return_details:
         with torch.no_grad():
@@ -444,7 +470,7 @@ def run_torchrl_example_iteration(
             "params_trainable": len(params_before),
             "params_changed": n_changed,
             "max_abs_param_change": max_abs_change,
-            "kl_coef": [kl_coef_before, rollout_from_model.kl_coef],
+            "kl_coef": [float(kl_coef_before), float(rollout_from_model.kl_coef)],
             "rollout_reward_raw": sum(stats["next_reward"]) / len(stats["next_reward"]),
             "rollout_reward_kl": sum(stats["next_kl"]) / len(stats["next_kl"]),
         }
@@ -452,6 +478,9 @@ def run_torchrl_example_iteration(
 
 
 def main(argv=None):
+    # torchrl's console logger writes INFO lines to stdout by default; keep stdout for the
+    # single JSON result line (must be set before torchrl is first imported).
+    os.environ.setdefault("TORCHRL_CONSOLE_STREAM", "stderr")
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--width", type=int, default=128)
