@@ -82,6 +82,7 @@ class DataSchema:
     dataset: Optional[str] = None
     max_prompt_length: int = 512
     num_workers: int = 0
+    prompt_baseline: bool = False
 
 
 @dataclass
@@ -184,6 +185,7 @@ class RMSchema:
     train_split: str = "train"
     val_split: str = "valid1"
     backbone: str = "sft"
+    freeze_backbone: bool = False
     encoder_max_length: int = 128
     max_len: int = 64
     batch_size: int = 32

@@ -231,32 +231,37 @@ def finite_rows(td) -> torch.Tensor:
     return ok
 
 
-def ppo_loss(policy, mb, cfg: DictConfig, token_scale: float):
+def ppo_loss(policy, mb, cfg: DictConfig, token_scale: float, with_entropy: bool = True):
     """Clipped PPO loss of one micro-batch from ONE forward pass over prompt + response.
 
     ``token_scale`` turns the local masked sum into this process's share of the mean over all
     processes' tokens (DDP then averages), so N processes × B/N rows give the gradient of 1 × B.
+    ``with_entropy=False`` skips the policy entropy (a pass over the vocabulary per token; must be on
+    when ``ppo.ent_coef`` is not 0) and its ``policy/entropy`` stat.
     """
     full, full_mask, mask = mb["tokens", "full"], mb["masks", "full"], mb["masks", "response"]
     prompt_len = full.shape[1] - mask.shape[1]
     r = cfg.rollout
     # log π(a_t|s_t) under the sampling distribution and its entropy, [b, T]: the LM head runs at the
     # response positions only, and its [b, T, V] logits are touched once (models.response_logprobs)
-    log_probs, entropy, values = policy(full, full_mask, prompt_len, labels=mb["action"],
-                                        temperature=r.temperature, top_k=r.top_k, top_p=r.top_p)
+    log_probs, entropy, values = policy(full, full_mask, prompt_len, labels=mb["action"], temperature=r.temperature,
+                                        top_k=r.top_k, top_p=r.top_p, with_entropy=with_entropy or bool(cfg.ppo.ent_coef))
 
     n_local = mask.sum().clamp(min=1)
     pg_loss, pg_stats = ppo_math.policy_loss(log_probs, mb["sample_log_prob"], mb["advantage"], mask, cfg.ppo.clip_eps)
     vf_loss, vf_stats = ppo_math.value_loss(values, mb["values"], mb["returns"], mask, cfg.ppo.clip_eps_value)
-    ent = ppo_math.masked_mean(entropy, mask)
-    # with no entropy bonus the entropy is only logged: no backward pass through it
-    loss = pg_loss + cfg.ppo.vf_coef * vf_loss - cfg.ppo.ent_coef * (ent if cfg.ppo.ent_coef else ent.detach())
-    loss = loss * n_local * token_scale
+    loss = pg_loss + cfg.ppo.vf_coef * vf_loss
     stats = {
-        "loss/policy": pg_loss.detach(), "loss/value": vf_loss.detach(), "policy/entropy": ent.detach(),
+        "loss/policy": pg_loss.detach(), "loss/value": vf_loss.detach(),
         "policy/clipfrac": pg_stats["clipfrac"], "policy/approx_kl": pg_stats["approx_kl"],
         "val/ratio": pg_stats["ratio_mean"], "val/clipfrac": vf_stats["clipfrac"],
     }
+    if entropy is not None:
+        ent = ppo_math.masked_mean(entropy, mask)
+        if cfg.ppo.ent_coef:  # with no entropy bonus the entropy is only logged: no backward pass through it
+            loss = loss - cfg.ppo.ent_coef * ent
+        stats["policy/entropy"] = ent.detach()
+    loss = loss * n_local * token_scale
     return loss, stats
 
 
@@ -275,7 +280,7 @@ def ppo_update(policy, optimizer, lr_scheduler, accelerator, td, cfg: DictConfig
     all_stats: list[dict] = []
     good_stats: list[dict] = []
     first_ratio = None
-    for _epoch in range(cfg.ppo.num_epochs):
+    for epoch in range(cfg.ppo.num_epochs):
         perm = torch.randperm(B, generator=generator)
         for start in range(0, B - mbs + 1, mbs):
             idx = perm[start:start + mbs]
@@ -290,7 +295,8 @@ def ppo_update(policy, optimizer, lr_scheduler, accelerator, td, cfg: DictConfig
             for k in range(accum):
                 mb = td[idx[k * micro:(k + 1) * micro]]
                 with accelerator.accumulate(policy):
-                    loss, stats = ppo_loss(policy, mb, cfg, token_scale)
+                    # the entropy is logged from the first epoch (later epochs need it only as a bonus)
+                    loss, stats = ppo_loss(policy, mb, cfg, token_scale, with_entropy=epoch == 0)
                     finite = (torch.isfinite(loss) & finite_rows(mb).all()).float()
                     if accelerator.num_processes > 1:  # 1 only if finite everywhere (reduce has no "min")
                         finite = accelerator.reduce(finite, "mean")
@@ -501,6 +507,9 @@ def train(cfg: DictConfig, run_dir: str | Path | None = None) -> dict:
         temperature=cfg.rollout.temperature, top_k=cfg.rollout.top_k, top_p=cfg.rollout.top_p,
         do_sample=cfg.rollout.do_sample, gather_fn=gather, logprob_batch_size=cfg.rollout.logprob_batch_size,
         unwrap_fn=accelerator.unwrap_model, ref_log_prob_fn=ref_fn,
+        # log-probs and values straight from generate's steps (no second policy pass), unless the loss's
+        # forward runs under autocast while generate does not: then one scoring pass keeps ratio 1 exact
+        logprobs_from_generate=accelerator.mixed_precision == "no",
     )
     if ref_fn is None and accelerator.mixed_precision != "no":
         rollout.ref_log_prob_fn = _in_policy_precision(rollout.ref_log_prob_fn, accelerator)

@@ -1,0 +1,348 @@
+"""One PPO iteration of rlhf_train (rollout + update) on a randomly initialised GPT-2 built from config.
+
+Runs the trainer's own code, step for step as ``rlhf_train.trainer.train`` does it (see its numbered
+loop): the Hydra config is composed from ``conf/`` (``data=synthetic``, shapes as overrides), the
+components are instantiated from it, and one iteration is
+
+  2. ``RolloutFromModel.rollout_from_data`` (KV-cached ``generate``, which also yields the policy's
+     log-probs and values → one pass each of reference and reward model → the transform stack),
+  3. ``ppo_math.gae`` + ``global_masked_whiten``,
+  4. ``trainer.ppo_update`` (``num_epochs`` × minibatches of ``--minibatch`` sequences),
+  5. ``step_scheduler()``.
+
+Prints one JSON line: ``rollout_s`` (steps 2-3), ``generate_s`` (time inside the LM's ``generate``),
+``update_s`` (steps 4-5), ``total_s``, ``gen_tokens`` (response tokens, EOS included),
+``tokens_per_s`` (gen_tokens / total_s), ``peak_rss_mb``; also ``rollout_peak_rss_mb`` (the process's
+peak at the end of the first rollout, before any update), ``cpu_s`` (process CPU time of the
+iteration), FLOP accounting of the update (``update_gflop``: LM head at the response positions + trunk
+over prompt + response, forward + backward; ``update_gflop_per_s``), the floor it is bound by
+(``head_matmul_gflop_per_s``: the head's three matmuls alone for one minibatch, measured right after
+the iteration, same threads) and ``first_ratio`` (the first
+minibatch's PPO ratio: 1). ``--warmup`` untimed iterations come first (default 1: a training run is
+many iterations); ``--repeats N`` times N iterations and prints the median one.
+
+Shapes follow torchrl's ``examples/rlhf`` (see ``benchmarks/torchrl_example.py``): prompts of
+``prompt_len/2 … prompt_len`` tokens, each with a reference continuation ("summary") of
+``new_tokens/2 … new_tokens`` tokens that the reward model scores as the baseline, as torchrl does.
+``--gen-chunk`` sets how many prompts go into one ``generate`` call (default: all ``--rollouts`` at
+once; ``--gen-chunk 4`` does what the torchrl example does, 8 collection steps of 4 prompts).
+
+    python benchmarks/ppo_iteration.py --layers 2 --width 128 --vocab 50257 --batch 4 \\
+        --new-tokens 50 --rollouts 32 --epochs 3 --minibatch 16
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import time
+from pathlib import Path
+
+import rlhf_train  # noqa: F401  (first: its THP_MEM_ALLOC_ENABLE default must precede torch's allocations)
+import torch
+
+CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
+
+
+class StandInTokenizer:
+    """What the trainer needs of a tokenizer for random-token benchmarks (no hub access): GPT-2's ids.
+
+    EOS = pad = BOS = ``vocab - 1`` (50256 for GPT-2's 50257 tokens).
+    """
+
+    def __init__(self, vocab: int):
+        self.vocab = vocab
+        self.eos_token_id = self.pad_token_id = self.bos_token_id = vocab - 1
+
+    def __len__(self) -> int:
+        return self.vocab
+
+    def decode(self, ids) -> str:
+        return " ".join(str(int(i)) for i in ids)
+
+
+def compose_config(*, layers, width, heads, vocab, prompt_len, new_tokens, rollouts, epochs, minibatch, threads,
+                   seed, num_prompts=None):
+    """The trainer's Hydra config for this shape (``conf/`` + overrides), type-checked by the schemas."""
+    from hydra import compose, initialize_config_dir
+
+    from rlhf_train.schema import register_configs
+
+    register_configs()
+    n_positions = max(1024, prompt_len + 2 * new_tokens)
+    model = [f"config.n_layer={layers}", f"config.n_embd={width}", f"config.n_head={heads}",
+             f"config.n_positions={n_positions}"]
+    overrides = [
+        "stage=ppo", "policy=tiny_gpt2", "reward_model=tiny_gpt2", "data=synthetic", "logger=none",
+        "kl_controller=adaptive",  # AdaptiveKLController(0.1, 6, 10000), as the torchrl example
+        *[f"policy.{m}" for m in model], *[f"reward_model.{m}" for m in model],
+        f"data.batch_size={rollouts}", f"data.min_prompt_tokens={max(1, prompt_len // 2)}",
+        f"data.max_prompt_tokens={prompt_len}", f"data.max_prompts={num_prompts or rollouts}", f"data.seed={seed}",
+        f"rollout.max_new_tokens={new_tokens}",
+        f"ppo.num_epochs={epochs}", f"ppo.minibatch_size={minibatch}", "ppo.gamma=0.99", "ppo.lam=0.95",
+        f"trainer.num_threads={threads}", "trainer.cpu=true", f"trainer.seed={seed}",
+    ]
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+        return compose("config", overrides=overrides)
+
+
+def add_reference_continuations(dataset, new_tokens: int, vocab: int, special: int, seed: int) -> None:
+    """Give each prompt a random reference continuation of ``new_tokens/2 … new_tokens`` tokens.
+
+    Stored as ``reference_input_ids / reference_attention_mask [N, P + new_tokens]`` (prompt, then the
+    continuation right-padded): the reward model scores them as the baseline, like torchrl's labels.
+    """
+    g = torch.Generator().manual_seed(seed + 1)
+    ids, mask = dataset.tensors["input_ids"], dataset.tensors["attention_mask"].bool()
+    n = ids.shape[0]
+    lengths = torch.randint(max(1, new_tokens // 2), new_tokens + 1, (n,), generator=g)
+    label_mask = torch.arange(new_tokens)[None] < lengths[:, None]
+    labels = torch.randint(0, special, (n, new_tokens), generator=g).masked_fill(~label_mask, special)
+    dataset.tensors["reference_input_ids"] = torch.cat([ids, labels], dim=1)
+    dataset.tensors["reference_attention_mask"] = torch.cat([mask, label_mask], dim=1).long()
+
+
+class _GenerateTimer:
+    """Wraps an LM's ``generate`` (instance attribute) and accumulates the seconds spent inside it."""
+
+    def __init__(self, lm):
+        self.lm, self.seconds, self._orig = lm, 0.0, lm.generate
+
+        def timed(*args, **kwargs):
+            t = time.perf_counter()
+            try:
+                return self._orig(*args, **kwargs)
+            finally:
+                self.seconds += time.perf_counter() - t
+
+        lm.generate = timed
+
+    def remove(self):
+        del self.lm.generate
+
+
+def build(cfg, tokenizer):
+    """Components from the config, as ``trainer.train`` builds them (minus logging/checkpoints)."""
+    from accelerate import Accelerator
+    from accelerate.utils import set_seed
+    from hydra.utils import instantiate
+    from omegaconf import OmegaConf
+
+    import rlhf_train.data.prompts  # noqa: F401  (as trainer.train does before instantiating cfg.data)
+    from rlhf_train.rollout import RolloutFromModel
+    from rlhf_train.trainer import check_fits, make_lr_scheduler, validate_config
+    from rlhf_train.transforms import build_transform_stack
+
+    validate_config(cfg)
+    accelerator = Accelerator(cpu=True, gradient_accumulation_steps=cfg.ppo.gradient_accumulation_steps)
+    set_seed(cfg.trainer.seed)
+    policy = instantiate(cfg.policy, tokenizer=tokenizer)
+    ref_model = instantiate(cfg.ref_model, policy=policy, tokenizer=tokenizer, device=None, _convert_="all")
+    reward_model = instantiate(cfg.reward_model, tokenizer=tokenizer, device=None)
+    kl_controller = instantiate(cfg.kl_controller)
+    data_kwargs = {k: v for k, v in cfg.data.items() if k not in ("batch_size", "num_workers")}
+    dataset = instantiate(data_kwargs, tokenizer=tokenizer)
+    check_fits(cfg, policy, dataset)
+    optimizer = instantiate(OmegaConf.to_container(cfg.optimizer, resolve=True), params=policy.parameters())
+    updates = cfg.ppo.num_epochs * (cfg.data.batch_size // cfg.ppo.minibatch_size)
+    lr_scheduler = make_lr_scheduler(cfg, optimizer, updates * cfg.trainer.num_iterations)
+    policy, optimizer, lr_scheduler = accelerator.prepare(policy, optimizer, lr_scheduler)
+    rollout = RolloutFromModel(
+        policy, ref_model, reward_model, max_new_tokens=cfg.rollout.max_new_tokens,
+        score_clip=cfg.rollout.score_clip, kl_scheduler=kl_controller, tokenizer=tokenizer,
+        temperature=cfg.rollout.temperature, top_k=cfg.rollout.top_k, top_p=cfg.rollout.top_p,
+        do_sample=cfg.rollout.do_sample, logprob_batch_size=cfg.rollout.logprob_batch_size,
+        unwrap_fn=accelerator.unwrap_model,
+    )
+    rollout.transforms = build_transform_stack(
+        cfg.transforms, ref_log_prob_fn=rollout.ref_log_prob_fn, eos_token_id=rollout.eos_token_id)
+    return dict(cfg=cfg, accelerator=accelerator, policy=policy, optimizer=optimizer, lr_scheduler=lr_scheduler,
+                rollout=rollout, dataset=dataset, ppo_generator=torch.Generator().manual_seed(cfg.trainer.seed))
+
+
+def one_iteration(s: dict, prompts: dict, gen_chunk: int | None) -> dict:
+    """Steps 2-5 of ``trainer.train``'s loop on one batch of prompts; returns timings (seconds)."""
+    from tensordict import TensorDict  # noqa: F401  (torch.cat of TensorDicts)
+
+    from rlhf_train import ppo_math
+    from rlhf_train.trainer import global_masked_whiten, ppo_update
+
+    cfg, rollout, policy = s["cfg"], s["rollout"], s["policy"]
+    lm = s["accelerator"].unwrap_model(policy).lm
+    timer = _GenerateTimer(lm)
+    ru0 = resource.getrusage(resource.RUSAGE_SELF)
+    try:
+        t0 = time.perf_counter()
+        # 2. rollout: generate + one pass each of policy, reference, reward model; reward shaping
+        policy.eval()
+        B = prompts["input_ids"].shape[0]
+        chunk = gen_chunk or B
+        tds = [rollout.rollout_from_data({k: v[i:i + chunk] for k, v in prompts.items()})
+               for i in range(0, B, chunk)]
+        td = tds[0] if len(tds) == 1 else torch.cat(tds)
+        # 3. GAE over response tokens; advantages whitened over the batch's response tokens
+        mask = td["masks", "response"]
+        advantage, returns = ppo_math.gae(td["next", "reward"], td["values"], mask, cfg.ppo.gamma, cfg.ppo.lam)
+        td.set("advantage_raw", advantage)
+        td.set("returns", returns)
+        if cfg.ppo.whiten_advantages:
+            advantage = global_masked_whiten(advantage, mask, s["accelerator"])
+        td.set("advantage", advantage)
+        t1 = time.perf_counter()
+        rollout_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        # 4. PPO epochs over minibatches; 5. the KL controller steps once per iteration
+        stats = ppo_update(policy, s["optimizer"], s["lr_scheduler"], s["accelerator"], td, cfg,
+                           s["ppo_generator"], {"skipped": 0, "consecutive": 0})
+        rollout.step_scheduler()
+        t2 = time.perf_counter()
+    finally:
+        timer.remove()
+    ru2 = resource.getrusage(resource.RUSAGE_SELF)
+    cpu_s = (ru2.ru_utime - ru0.ru_utime) + (ru2.ru_stime - ru0.ru_stime)
+    return {"rollout_s": t1 - t0, "generate_s": timer.seconds, "update_s": t2 - t1, "total_s": t2 - t0,
+            "cpu_s": cpu_s, "rollout_peak_rss_mb": rollout_rss / 1024, "gen_tokens": int(mask.sum()), "first_ratio": float(stats["val/first_ratio"]), "td": td}
+
+
+def head_matmul_gflop_per_s(width: int, vocab: int, tokens: int, repeats: int = 5) -> float:
+    """The floor: GFLOP/s of the LM head's three matmuls (forward ``W·hᵀ``, the two backward ones) for
+    ``tokens`` tokens (one PPO minibatch), median of ``repeats``, on this machine and thread count."""
+    h, w = torch.randn(tokens, width), torch.randn(vocab, width)
+    g_t = torch.randn(vocab, tokens)
+    out = torch.empty(vocab, tokens)
+
+    def three():
+        torch.mm(w, h.T, out=out)
+        g_t.T @ w
+        g_t @ h
+
+    three()
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        three()
+        times.append(time.perf_counter() - t)
+    return 3 * 2 * tokens * width * vocab / 1e9 / sorted(times)[repeats // 2]
+
+
+def update_flops(policy_lm, td, cfg) -> float:
+    """FLOPs of the PPO update: per minibatch row, forward + backward (×3) of the trunk over P+T tokens
+    (2·params_trunk per token) and of the LM head at the T response positions (2·width·vocab per token)."""
+    cfg_lm = policy_lm.config
+    width, vocab = cfg_lm.n_embd, cfg_lm.vocab_size
+    trunk_params = sum(p.numel() for n, p in policy_lm.named_parameters() if ".h." in f".{n}")
+    B, L = td["tokens", "full"].shape
+    T = td["masks", "response"].shape[1]
+    rows = cfg.ppo.num_epochs * (B // cfg.ppo.minibatch_size) * cfg.ppo.minibatch_size
+    per_row = 3 * (2 * trunk_params * L + 2 * width * vocab * T)
+    return float(rows * per_row)
+
+
+class RLHFTrainBenchmark:
+    """Builds the trainer's components once; :meth:`run` times one more PPO iteration on fresh prompts."""
+
+    def __init__(self, *, layers: int = 2, width: int = 128, heads: int = 4, vocab: int = 50257,
+                 prompt_len: int = 64, new_tokens: int = 50, rollouts: int = 32, epochs: int = 3,
+                 minibatch: int = 16, threads: int = 2, seed: int = 0, gen_chunk: int | None = None,
+                 max_iterations: int = 16):
+        torch.set_num_threads(threads)
+        self.rollouts, self.gen_chunk = rollouts, gen_chunk
+        self.cfg = compose_config(layers=layers, width=width, heads=heads, vocab=vocab, prompt_len=prompt_len,
+                                  new_tokens=new_tokens, rollouts=rollouts, epochs=epochs, minibatch=minibatch,
+                                  threads=threads, seed=seed, num_prompts=rollouts * max_iterations)
+        tokenizer = StandInTokenizer(vocab)
+        self.state = build(self.cfg, tokenizer)
+        add_reference_continuations(self.state["dataset"], new_tokens, vocab, tokenizer.eos_token_id, seed)
+        self.order = torch.randperm(len(self.state["dataset"]), generator=torch.Generator().manual_seed(seed))
+        self.iterations = 0
+
+    def run(self) -> dict:
+        """One iteration (steps 2-5) on the next ``rollouts`` prompts: the JSON fields."""
+        from rlhf_train.data.prompts import collate
+
+        k, R = self.iterations, self.rollouts
+        if (k + 1) * R > len(self.order):
+            raise RuntimeError("RLHFTrainBenchmark: out of prompts; raise max_iterations")
+        prompts = collate([self.state["dataset"][int(i)] for i in self.order[k * R:(k + 1) * R]])
+        self.iterations += 1
+        r = one_iteration(self.state, prompts, self.gen_chunk)
+        lm_cfg = self.state["accelerator"].unwrap_model(self.state["policy"]).lm.config
+        self.head_rate = head_matmul_gflop_per_s(lm_cfg.n_embd, lm_cfg.vocab_size,
+                                                 self.cfg.ppo.minibatch_size * r["td"]["masks", "response"].shape[1])
+        if k == 0:  # before any PPO update: setup + one rollout
+            self.first_rollout_rss = r["rollout_peak_rss_mb"]
+        flop = update_flops(self.state["accelerator"].unwrap_model(self.state["policy"]).lm, r["td"], self.cfg)
+        return {
+            "impl": "rlhf_train",
+            "rollout_s": round(r["rollout_s"], 3),
+            "generate_s": round(r["generate_s"], 3),
+            "update_s": round(r["update_s"], 3),
+            "total_s": round(r["total_s"], 3),
+            "gen_tokens": r["gen_tokens"],
+            "tokens_per_s": round(r["gen_tokens"] / r["total_s"], 2),
+            "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+            "rollout_peak_rss_mb": round(self.first_rollout_rss, 1),  # process peak at the end of the first rollout
+            "cpu_s": round(r["cpu_s"], 3),
+            "update_gflop": round(flop / 1e9, 1),
+            "update_gflop_per_s": round(flop / 1e9 / r["update_s"], 1),
+            "head_matmul_gflop_per_s": round(self.head_rate, 1),
+            "first_ratio": round(r["first_ratio"], 6),
+        }
+
+
+def median_run(runs: list[dict]) -> dict:
+    """The run with the median ``total_s`` (upper median), with every run's ``total_s`` attached."""
+    best = sorted(runs, key=lambda r: r["total_s"])[len(runs) // 2]
+    return {**best, "repeats": len(runs), "total_s_all": [r["total_s"] for r in runs]}
+
+
+def run_rlhf_train_iteration(*, layers: int = 2, width: int = 128, heads: int = 4, vocab: int = 50257,
+                             prompt_len: int = 64, batch: int = 4, new_tokens: int = 50, rollouts: int = 32,
+                             epochs: int = 3, minibatch: int = 16, threads: int = 2, seed: int = 0,
+                             gen_chunk: int | None = None, warmup: int = 1, repeats: int = 1) -> dict:
+    """Build everything, run ``warmup`` untimed iterations, then time ``repeats`` more; returns the JSON
+    dict of the median one (by ``total_s``).
+
+    ``batch`` is the torchrl example's prompts per collection step; it only matters through ``gen_chunk``
+    (``gen_chunk=batch`` reproduces the example's 8 generate calls of 4 prompts).
+    """
+    del batch  # the trainer generates all `rollouts` prompts of an iteration in one batch by default
+    bench = RLHFTrainBenchmark(layers=layers, width=width, heads=heads, vocab=vocab, prompt_len=prompt_len,
+                               new_tokens=new_tokens, rollouts=rollouts, epochs=epochs, minibatch=minibatch,
+                               threads=threads, seed=seed, gen_chunk=gen_chunk, max_iterations=warmup + repeats)
+    for _ in range(warmup):
+        bench.run()
+    runs = [bench.run() for _ in range(repeats)]
+    return runs[0] if repeats == 1 else median_run(runs)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--layers", type=int, default=2, help="transformer blocks")
+    p.add_argument("--width", type=int, default=128, help="hidden size n_embd")
+    p.add_argument("--heads", type=int, default=4, help="attention heads")
+    p.add_argument("--vocab", type=int, default=50257, help="vocabulary size (EOS = pad = vocab - 1)")
+    p.add_argument("--prompt-len", type=int, default=64, help="max prompt tokens (min is half)")
+    p.add_argument("--batch", type=int, default=4, help="prompts per collection step (torchrl); see --gen-chunk")
+    p.add_argument("--new-tokens", type=int, default=50, help="max new tokens per response (T)")
+    p.add_argument("--rollouts", type=int, default=32, help="sequences per iteration")
+    p.add_argument("--epochs", type=int, default=3, help="PPO epochs")
+    p.add_argument("--minibatch", type=int, default=16, help="sequences per PPO minibatch")
+    p.add_argument("--threads", type=int, default=2, help="torch CPU threads")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--gen-chunk", type=int, default=None,
+                   help="prompts per generate call (default: all --rollouts at once)")
+    p.add_argument("--warmup", type=int, default=1, help="untimed iterations before the timed ones")
+    p.add_argument("--repeats", type=int, default=1, help="timed iterations; the median (by total_s) is printed")
+    return p
+
+
+def main(argv=None):
+    a = parser().parse_args(argv)
+    print(json.dumps(run_rlhf_train_iteration(
+        layers=a.layers, width=a.width, heads=a.heads, vocab=a.vocab, prompt_len=a.prompt_len, batch=a.batch,
+        new_tokens=a.new_tokens, rollouts=a.rollouts, epochs=a.epochs, minibatch=a.minibatch, threads=a.threads,
+        seed=a.seed, gen_chunk=a.gen_chunk, warmup=a.warmup, repeats=a.repeats)))
+
+
+if __name__ == "__main__":
+    main()

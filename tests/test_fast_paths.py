@@ -1,0 +1,99 @@
+"""The fast paths of the performance work give the same numbers as the plain ones.
+
+1. ``ppo_math.logprobs_and_entropy`` (blockwise, vocabulary-major, gradient written in place) equals
+   ``logprobs_of_labels`` + ``entropy_from_logits``, values and gradients, with and without temperature,
+   with several vocabulary blocks, and its gradient passes ``gradcheck`` in float64.
+2. ``models.response_logprobs`` (what the policy's forward pass and the reference pass use) equals the
+   plain ``process_logits`` + ``logprobs_of_labels`` path, with and without gradients, for a token count
+   that is not a multiple of 8 (padded inside) and a head with a bias.
+3. ``rollout.InverseCDFSampler`` samples from ``softmax(process_logits(scores))`` (chi-square test on a
+   small vocabulary), never draws a token that top-k removed, and records the log-probs of its draws.
+
+Budget: < 10 s on 2 CPU cores. (Speed itself is measured in ``benchmarks/``, never in tests.)
+"""
+import pytest
+import torch
+
+from rlhf_train import ppo_math
+from rlhf_train.models import process_logits, response_logprobs
+from rlhf_train.rollout import InverseCDFSampler
+
+
+@pytest.fixture
+def small_blocks(monkeypatch):
+    monkeypatch.setattr(ppo_math, "_BLOCK_ELEMENTS", 7 * 5)  # 5 tokens -> blocks of 7 vocabulary rows
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_logprobs_and_entropy_matches_plain_path(temperature, small_blocks):
+    torch.manual_seed(0)
+    V, N = 30, 5
+    hidden = torch.randn(N, 8, requires_grad=True)
+    weight = (2 * torch.randn(V, 8)).requires_grad_()
+    labels = torch.randint(0, V, (N,))
+    g_lp, g_ent = torch.randn(N), torch.randn(N)
+
+    lp, ent = ppo_math.logprobs_and_entropy(weight @ hidden.T, labels, temperature, overwrite_logits=True)
+    ((lp * g_lp).sum() + (ent * g_ent).sum()).backward()
+    grads = hidden.grad.clone(), weight.grad.clone()
+    hidden.grad = weight.grad = None
+
+    logits = hidden @ weight.T / temperature
+    lp0, ent0 = ppo_math.logprobs_of_labels(logits, labels), ppo_math.entropy_from_logits(logits)
+    ((lp0 * g_lp).sum() + (ent0 * g_ent).sum()).backward()
+    torch.testing.assert_close(lp, lp0, atol=1e-5, rtol=0)
+    torch.testing.assert_close(ent, ent0, atol=1e-5, rtol=0)
+    torch.testing.assert_close(grads[0], hidden.grad, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(grads[1], weight.grad, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_logprobs_and_entropy_gradcheck(temperature, small_blocks):
+    torch.manual_seed(0)
+    logits_t = torch.randn(30, 5, dtype=torch.float64, requires_grad=True)
+    labels = torch.randint(0, 30, (5,))
+    assert torch.autograd.gradcheck(lambda x: ppo_math.logprobs_and_entropy(x, labels, temperature), (logits_t,))
+    # only the log-probs used (the trainer's case with ent_coef = 0): no entropy gradient pass
+    assert torch.autograd.gradcheck(lambda x: ppo_math.logprobs_and_entropy(x, labels, temperature)[0], (logits_t,))
+
+
+@pytest.mark.parametrize("grad", [True, False])
+def test_response_logprobs_matches_plain_path(grad):
+    torch.manual_seed(0)
+    B, T, H, V = 3, 5, 8, 40  # 15 tokens: padded to 16 inside
+    head = torch.nn.Linear(H, V, bias=True)
+    hidden = torch.randn(B, T, H, requires_grad=grad)
+    labels = torch.randint(0, V, (B, T))
+    with torch.set_grad_enabled(grad):
+        lp, ent = response_logprobs(hidden, head, labels, temperature=0.7)
+    expected = ppo_math.logprobs_of_labels(process_logits(head(hidden), 0.7), labels)
+    torch.testing.assert_close(lp, expected.detach(), atol=1e-5, rtol=0)
+    torch.testing.assert_close(ent, ppo_math.entropy_from_logits(head(hidden) / 0.7).detach(), atol=1e-5, rtol=0)
+    if grad:
+        lp.sum().backward()
+        g = hidden.grad.clone()
+        hidden.grad = None
+        expected.sum().backward()
+        torch.testing.assert_close(g, hidden.grad, atol=1e-5, rtol=1e-5)
+    # top-k: the filtered distribution (plain path)
+    with torch.no_grad():
+        lp_k, _ = response_logprobs(hidden, head, labels, temperature=0.7, top_k=5, with_entropy=False)
+        torch.testing.assert_close(lp_k, ppo_math.logprobs_of_labels(process_logits(head(hidden), 0.7, 5), labels))
+
+
+def test_inverse_cdf_sampler_distribution_and_log_probs():
+    torch.manual_seed(0)
+    scores = torch.tensor([[2.0, 1.0, 0.0, -1.0, 0.5, -3.0]])
+    probs = torch.softmax(scores / 0.7, -1)[0]
+    n = 20000
+    sampler = InverseCDFSampler(temperature=0.7)
+    out = sampler(None, scores.repeat(n, 1))
+    tokens = out.argmax(-1)  # generate's greedy step picks the marked token
+    assert torch.isinf(out.gather(-1, tokens[:, None])).all()
+    counts = torch.bincount(tokens, minlength=6).double()
+    chi2 = (((counts - n * probs) ** 2) / (n * probs)).sum()
+    assert chi2 < 25.0  # 5 degrees of freedom: p < 1e-4 for a correct sampler
+    torch.testing.assert_close(sampler.log_probs[0], torch.log(probs)[tokens].float(), atol=1e-6, rtol=0)
+
+    top2 = InverseCDFSampler(temperature=1.0, top_k=2)(None, scores.repeat(2000, 1)).argmax(-1)
+    assert set(top2.tolist()) <= {0, 1}
