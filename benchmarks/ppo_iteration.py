@@ -38,7 +38,7 @@ import resource
 import time
 from pathlib import Path
 
-import rlhf_train  # noqa: F401  (first: its THP_MEM_ALLOC_ENABLE default must precede torch's allocations)
+import rlhf_train  # noqa: F401  (first: its CPU defaults, THP and OpenMP waiting, must precede torch)
 import torch
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
@@ -162,8 +162,6 @@ def build(cfg, tokenizer):
 
 def one_iteration(s: dict, prompts: dict, gen_chunk: int | None) -> dict:
     """Steps 2-5 of ``trainer.train``'s loop on one batch of prompts; returns timings (seconds)."""
-    from tensordict import TensorDict  # noqa: F401  (torch.cat of TensorDicts)
-
     from rlhf_train import ppo_math
     from rlhf_train.trainer import global_masked_whiten, ppo_update
 

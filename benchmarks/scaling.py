@@ -5,7 +5,8 @@ Each point runs ``benchmarks/ppo_iteration.py`` in a fresh subprocess (so ``peak
 a last line summarises:
 
 * ``update_s_per_1k_tokens``: update time per 1000 response tokens: flat if the update is linear in
-  the number of response tokens;
+  the number of response tokens (``update_fraction_of_floor``: the same, normalised by the head-matmul
+  speed measured in the same run, so that load from other processes cancels out);
 * ``rollout_peak_rss_mb``: the process's peak memory when the rollout ended, with the models built:
   the rollout stores tokens once per sequence (``[B, P+T]``) and never the ``[B, T, V]`` logits, so it
   grows by little from 1x to 4x (the torchrl example stores ``[B, T, P+T]`` token prefixes);
@@ -46,6 +47,9 @@ def main(argv=None):
         "update_s": [r["update_s"] for r in results],
         "update_s_per_1k_tokens": [round(1000 * r["update_s"] / r["gen_tokens"], 3) for r in results],
         "rollout_s_per_1k_tokens": [round(1000 * r["rollout_s"] / r["gen_tokens"], 3) for r in results],
+        # the update's GFLOP/s over the head-matmul floor measured in the same run: flat if linear, and
+        # less sensitive than seconds to load from other processes on a shared machine
+        "update_fraction_of_floor": [round(r["update_gflop_per_s"] / r["head_matmul_gflop_per_s"], 2) for r in results],
         "rollout_peak_rss_mb": [r["rollout_peak_rss_mb"] for r in results],
         "peak_rss_mb": [r["peak_rss_mb"] for r in results],
     }))

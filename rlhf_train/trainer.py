@@ -27,7 +27,7 @@ from rlhf_train import ppo_math
 from rlhf_train.checkpoint import load_checkpoint, resolve_resume, save_checkpoint
 from rlhf_train.errors import ConfigError
 from rlhf_train.logger import build_logger, redact
-from rlhf_train.models import context_length, process_logits, sequence_logprobs
+from rlhf_train.models import context_length
 from rlhf_train.rollout import RolloutFromModel
 from rlhf_train.run_dir import check_writable
 from rlhf_train.sweep import write_final_metrics
