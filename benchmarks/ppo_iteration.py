@@ -7,7 +7,7 @@ components are instantiated from it, and one iteration is
   2. ``RolloutFromModel.rollout_from_data`` (KV-cached ``generate``, which also yields the policy's
      log-probs and values → one pass each of reference and reward model → the transform stack),
   3. ``ppo_math.gae`` + ``global_masked_whiten``,
-  4. ``trainer.ppo_update`` (``num_epochs`` × minibatches of ``--minibatch`` sequences),
+  4. ``ppo_update.ppo_update`` (``num_epochs`` × minibatches of ``--minibatch`` sequences),
   5. ``step_scheduler()``.
 
 Prints one JSON line: ``rollout_s`` (steps 2-3), ``generate_s`` (time inside the LM's ``generate``),
@@ -130,7 +130,7 @@ def build(cfg, tokenizer):
 
     import rlhf_train.data.prompts  # noqa: F401  (as trainer.train does before instantiating cfg.data)
     from rlhf_train.rollout import RolloutFromModel
-    from rlhf_train.trainer import check_fits, make_lr_scheduler, validate_config
+    from rlhf_train.components import check_fits, make_lr_scheduler, validate_config
     from rlhf_train.transforms import build_transform_stack
 
     validate_config(cfg)
@@ -163,7 +163,7 @@ def build(cfg, tokenizer):
 def one_iteration(s: dict, prompts: dict, gen_chunk: int | None) -> dict:
     """Steps 2-5 of ``trainer.train``'s loop on one batch of prompts; returns timings (seconds)."""
     from rlhf_train import ppo_math
-    from rlhf_train.trainer import global_masked_whiten, ppo_update
+    from rlhf_train.ppo_update import global_masked_whiten, ppo_update
 
     cfg, rollout, policy = s["cfg"], s["rollout"], s["policy"]
     lm = s["accelerator"].unwrap_model(policy).lm

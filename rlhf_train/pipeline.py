@@ -194,7 +194,7 @@ def preflight(cfg: DictConfig, plan: dict) -> None:
         if cfg.rm.source == "comparisons":
             load_text_dataset(cfg.rm.dataset, cfg.rm.train_split, "rm.dataset")
     if plan["run_ppo"]:
-        from rlhf_train.trainer import validate_config
+        from rlhf_train.components import validate_config
 
         validate_config(cfg)
         if cfg.policy.pretrained:

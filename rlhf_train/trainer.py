@@ -1,4 +1,6 @@
-"""The PPO loop. ``train(cfg)`` reads top to bottom; the math lives in :mod:`rlhf_train.ppo_math`.
+"""The PPO loop. ``train(cfg)`` reads top to bottom; the math lives in :mod:`rlhf_train.ppo_math`, the
+minibatch update in :mod:`rlhf_train.ppo_update`, component building and pre-flight checks in
+:mod:`rlhf_train.components`, multi-process helpers in :mod:`rlhf_train.distributed`.
 
 Each iteration:
   1. next prompt batch (each process its own shard)
@@ -11,334 +13,26 @@ Each iteration:
 """
 from __future__ import annotations
 
-import contextlib
-import math
 import os
-import signal
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 from omegaconf import DictConfig, OmegaConf
 
 from rlhf_train import ppo_math
 from rlhf_train.checkpoint import load_checkpoint, resolve_resume, save_checkpoint
+from rlhf_train.components import build_components, make_lr_scheduler, validate_config
+from rlhf_train.distributed import (cpu_only_multiprocess, full_weights, in_policy_precision, infinite_batches,
+                                    main_process_run_dir, reduce_metrics)
 from rlhf_train.errors import ConfigError
 from rlhf_train.logger import build_logger, redact
-from rlhf_train.models import context_length
+from rlhf_train.ppo_update import finite_rows, global_masked_whiten, ppo_update
+from rlhf_train.preemption import PREEMPTED_EXIT_CODE, PreemptionHandler
 from rlhf_train.rollout import RolloutFromModel
 from rlhf_train.run_dir import check_writable
 from rlhf_train.sweep import write_final_metrics
-from rlhf_train.transforms import build_transform_stack, check_transform_stack
-
-PREEMPTED_EXIT_CODE = 143  # 128 + SIGTERM: what schedulers (SLURM, k8s) read as "terminated, requeue"
-
-
-# --------------------------------------------------------------------------------------------
-# Building the components from the config
-# --------------------------------------------------------------------------------------------
-@dataclass
-class Components:
-    tokenizer: Any
-    policy: Any
-    ref_model: Any
-    reward_model: Any
-    kl_controller: Any
-    dataset: Any
-
-
-def validate_config(cfg: DictConfig) -> None:
-    """Bad values that Hydra's types cannot catch: one clear error before any work starts."""
-    checks = [
-        ("rollout.max_new_tokens", cfg.rollout.max_new_tokens),
-        ("data.batch_size", cfg.data.batch_size),
-        ("ppo.minibatch_size", cfg.ppo.minibatch_size),
-        ("ppo.num_epochs", cfg.ppo.num_epochs),
-        ("ppo.gradient_accumulation_steps", cfg.ppo.gradient_accumulation_steps),
-        ("trainer.num_iterations", cfg.trainer.num_iterations),
-        ("trainer.checkpoint_every", cfg.trainer.checkpoint_every),
-        ("trainer.samples_every", cfg.trainer.samples_every),
-        ("trainer.max_consecutive_faults", cfg.trainer.max_consecutive_faults),
-    ]
-    if cfg.rollout.get("logprob_batch_size") is not None:
-        checks.append(("rollout.logprob_batch_size", cfg.rollout.logprob_batch_size))
-    if "target" in cfg.kl_controller:
-        checks += [("kl_controller.target", cfg.kl_controller.target), ("kl_controller.horizon", cfg.kl_controller.horizon)]
-    for key, value in checks:
-        if value is None or value <= 0:
-            raise ConfigError(f"{key}={value} must be positive")
-    if cfg.ppo.minibatch_size % cfg.ppo.gradient_accumulation_steps:
-        raise ConfigError(f"ppo.minibatch_size={cfg.ppo.minibatch_size} must be a multiple of "
-                          f"ppo.gradient_accumulation_steps={cfg.ppo.gradient_accumulation_steps}")
-    if cfg.rollout.temperature <= 0:
-        raise ConfigError(f"rollout.temperature={cfg.rollout.temperature} must be positive")
-    if cfg.trainer.keep_checkpoints < 0:
-        raise ConfigError(f"trainer.keep_checkpoints={cfg.trainer.keep_checkpoints} must be >= 0 (0 keeps all)")
-    # the reward-shaping stack is built after the models: check it now (KL estimator names, then a dry
-    # run of every entry on a stand-in rollout, which is cheap: no model is involved)
-    for name, entry in (cfg.get("transforms") or {}).items():
-        estimator = entry.get("estimator") if hasattr(entry, "get") else None
-        if estimator is not None and estimator not in ppo_math.KL_ESTIMATORS:
-            raise ConfigError(f"transforms.{name}.estimator='{estimator}' is not valid; choose one of: "
-                              f"{', '.join(ppo_math.KL_ESTIMATORS)}")
-    check_transform_stack(cfg.get("transforms"))
-
-
-def instantiate_or_config_error(*args, **kwargs):
-    """``hydra.utils.instantiate``, except that a :class:`ConfigError` raised by the target comes out as
-    itself (the one line the user sees) rather than wrapped in Hydra's InstantiationException."""
-    from hydra.errors import InstantiationException
-    from hydra.utils import instantiate
-
-    try:
-        return instantiate(*args, **kwargs)
-    except InstantiationException as err:
-        cause = err.__cause__
-        while cause is not None and not isinstance(cause, ConfigError):
-            cause = cause.__cause__
-        if cause is None:
-            raise
-        raise cause from None
-
-
-def build_components(cfg: DictConfig, device: torch.device | str = "cpu") -> Components:
-    """Instantiate tokenizer, policy, reference, reward model, KL controller and prompt dataset."""
-    instantiate = instantiate_or_config_error
-
-    # a model with neither weights nor an architecture would silently be a random full-size GPT-2
-    # (e.g. `reward_model=pretrained` without a path: Hydra keeps the schema's null under its `???`)
-    for group, what in (("policy", "a local model dir"), ("reward_model", "the dir of a trained reward model")):
-        node = cfg.get(group)
-        if node is not None and "pretrained" in node and (
-                OmegaConf.is_missing(node, "pretrained") or not node.pretrained) and not node.get("config"):
-            raise ConfigError(f"{group}.pretrained is not set (and {group}.config is empty): "
-                              f"set {group}.pretrained=<{what}>")
-    tokenizer = instantiate(cfg.tokenizer)
-    policy = instantiate(cfg.policy, tokenizer=tokenizer)
-    ref_model = instantiate(cfg.ref_model, policy=policy, tokenizer=tokenizer, device=None, _convert_="all")
-    ref_model.to(cfg.ref_model.device or device)
-    reward_model = instantiate(cfg.reward_model, tokenizer=tokenizer, device=None)
-    reward_model.to(cfg.reward_model.device or device)
-    kl_controller = instantiate(cfg.kl_controller)
-    data_kwargs = {k: v for k, v in cfg.data.items() if k not in ("batch_size", "num_workers")}
-    dataset = instantiate(data_kwargs, tokenizer=tokenizer)
-    check_fits(cfg, policy, dataset)
-    check_reward_model(reward_model, dataset)
-    return Components(tokenizer, policy, ref_model, reward_model, kl_controller, dataset)
-
-
-def check_fits(cfg: DictConfig, policy, dataset) -> None:
-    ctx = context_length(policy.lm)
-    need = dataset.prompt_width + cfg.rollout.max_new_tokens
-    if ctx is not None and need > ctx:
-        raise ConfigError(f"prompts ({dataset.prompt_width} tokens) + rollout.max_new_tokens "
-                          f"({cfg.rollout.max_new_tokens}) = {need} exceed the policy's context of {ctx} tokens; "
-                          f"lower data.max_prompt_length / data.max_prompt_tokens or rollout.max_new_tokens")
-    if len(dataset) < cfg.data.batch_size:
-        raise ConfigError(f"the prompt dataset has {len(dataset)} prompts, fewer than data.batch_size="
-                          f"{cfg.data.batch_size}")
-    if cfg.ppo.minibatch_size > cfg.data.batch_size:
-        raise ConfigError(f"ppo.minibatch_size={cfg.ppo.minibatch_size} exceeds data.batch_size={cfg.data.batch_size}")
-
-
-@torch.no_grad()
-def check_reward_model(reward_model, dataset) -> None:
-    """Probe the reward model on 2 prompts: it must return ``(rewards [B, L], end_scores [B])``."""
-    n = min(2, len(dataset))
-    probe = [dataset[i] for i in range(n)]
-    device = next(reward_model.parameters(), torch.zeros(())).device
-    ids = torch.stack([p["input_ids"] for p in probe]).to(device)
-    mask = torch.stack([p["attention_mask"] for p in probe]).to(device)
-    try:
-        out = reward_model(input_ids=ids, attention_mask=mask)
-    except Exception as err:
-        raise ConfigError(f"the reward model fails on a probe batch of {n} prompts ({type(err).__name__}: {err}); "
-                          f"check reward_model") from None
-    shapes = [tuple(o.shape) for o in out] if isinstance(out, (tuple, list)) else None
-    if (shapes is None or len(shapes) != 2 or not all(isinstance(o, torch.Tensor) for o in out)
-            or shapes[1] not in ((n,), (n, 1)) or len(shapes[0]) != 2 or shapes[0][0] != n):
-        got = shapes if shapes is not None else f"{type(out).__name__} {tuple(getattr(out, 'shape', ()))}"
-        raise ConfigError(f"the reward model's output has the wrong shape: on {n} prompts of {ids.shape[1]} tokens "
-                          f"it returned {got}, expected (rewards [{n}, L], end_scores [{n}]); check reward_model")
-
-
-def make_lr_scheduler(cfg: DictConfig, optimizer, num_update_steps: int):
-    from transformers import get_scheduler
-
-    return get_scheduler(cfg.scheduler.name, optimizer, num_warmup_steps=cfg.scheduler.warmup_steps,
-                         num_training_steps=max(num_update_steps, 1))
-
-
-class PreemptionHandler:
-    """First SIGTERM/SIGINT: finish the current iteration, checkpoint, exit 143. Second: exit at once."""
-
-    def __init__(self):
-        self.requested = False
-        self._old = {}
-
-    def install(self) -> "PreemptionHandler":
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            try:
-                self._old[sig] = signal.signal(sig, self._handle)
-            except ValueError:  # not the main thread (e.g. inside some launchers)
-                pass
-        return self
-
-    def _handle(self, signum, frame):
-        if self.requested:
-            os._exit(128 + signum)
-        self.requested = True
-        print(f"[rlhf_train] received {signal.Signals(signum).name}: finishing this iteration, then "
-              f"checkpointing and exiting (send it again to exit at once)", flush=True)
-
-    def restore(self) -> None:
-        for sig, old in self._old.items():
-            signal.signal(sig, old)
-
-
-# --------------------------------------------------------------------------------------------
-# PPO update
-# --------------------------------------------------------------------------------------------
-def global_masked_whiten(x: torch.Tensor, mask: torch.Tensor, accelerator) -> torch.Tensor:
-    """Whiten ``x [B, T]`` with mean/var over the masked entries of *all* processes.
-
-    Entries outside ``mask`` (padding, and rows of a faulty rollout) take no part, even when non-finite.
-    """
-    m = mask.float()
-    x0 = x.masked_fill(~mask, 0.0)  # not x * m: NaN * 0 is NaN
-    stats = torch.stack([x0.sum(), (x0 * x0).sum(), m.sum()]).double()
-    stats = accelerator.reduce(stats, "sum") if accelerator.num_processes > 1 else stats
-    n = stats[2].clamp(min=1)
-    mean = stats[0] / n
-    var = (stats[1] / n - mean**2) * n / (n - 1).clamp(min=1)
-    return ((x - mean.float()) * torch.rsqrt(var.float() + 1e-8)).masked_fill(~mask, 0.0)
-
-
-# what must be finite for a minibatch to be used: rewards, rollout log-probs and values, advantages, returns
-FAULT_KEYS = (("next", "reward"), "sample_log_prob", "values", "advantage", "returns")
-
-
-def finite_rows(td) -> torch.Tensor:
-    """``[B]``: True where every per-token tensor of :data:`FAULT_KEYS` in ``td`` is finite for that row."""
-    B = td.batch_size[0]
-    ok = torch.ones(B, dtype=torch.bool, device=td.device)
-    present = set(td.keys(include_nested=True))
-    for key in FAULT_KEYS:
-        if key in present:
-            ok &= torch.isfinite(td.get(key).reshape(B, -1)).all(-1)
-    return ok
-
-
-def ppo_loss(policy, mb, cfg: DictConfig, token_scale: float, with_entropy: bool = True):
-    """Clipped PPO loss of one micro-batch from ONE forward pass over prompt + response.
-
-    ``token_scale`` turns the local masked sum into this process's share of the mean over all
-    processes' tokens (DDP then averages), so N processes × B/N rows give the gradient of 1 × B.
-    ``with_entropy=False`` skips the policy entropy (a pass over the vocabulary per token; must be on
-    when ``ppo.ent_coef`` is not 0) and its ``policy/entropy`` stat.
-    """
-    full, full_mask, mask = mb["tokens", "full"], mb["masks", "full"], mb["masks", "response"]
-    prompt_len = full.shape[1] - mask.shape[1]
-    r = cfg.rollout
-    # log π(a_t|s_t) under the sampling distribution and its entropy, [b, T]: the LM head runs at the
-    # response positions only, and its [b, T, V] logits are touched once (models.response_logprobs)
-    log_probs, entropy, values = policy(full, full_mask, prompt_len, labels=mb["action"], temperature=r.temperature,
-                                        top_k=r.top_k, top_p=r.top_p, with_entropy=with_entropy or bool(cfg.ppo.ent_coef))
-
-    n_local = mask.sum().clamp(min=1)
-    pg_loss, pg_stats = ppo_math.policy_loss(log_probs, mb["sample_log_prob"], mb["advantage"], mask, cfg.ppo.clip_eps)
-    vf_loss, vf_stats = ppo_math.value_loss(values, mb["values"], mb["returns"], mask, cfg.ppo.clip_eps_value)
-    loss = pg_loss + cfg.ppo.vf_coef * vf_loss
-    stats = {
-        "loss/policy": pg_loss.detach(), "loss/value": vf_loss.detach(),
-        "policy/clipfrac": pg_stats["clipfrac"], "policy/approx_kl": pg_stats["approx_kl"],
-        "val/ratio": pg_stats["ratio_mean"], "val/clipfrac": vf_stats["clipfrac"],
-    }
-    if entropy is not None:
-        ent = ppo_math.masked_mean(entropy, mask)
-        if cfg.ppo.ent_coef:  # with no entropy bonus the entropy is only logged: no backward pass through it
-            loss = loss - cfg.ppo.ent_coef * ent
-        stats["policy/entropy"] = ent.detach()
-    loss = loss * n_local * token_scale
-    return loss, stats
-
-
-def ppo_update(policy, optimizer, lr_scheduler, accelerator, td, cfg: DictConfig, generator: torch.Generator,
-               fault_state: dict):
-    """``num_epochs`` passes of minibatch PPO over the rollouts in ``td`` (batch ``[B]``).
-
-    A minibatch whose rewards, log-probs, values, advantages or returns (:func:`finite_rows`), loss or
-    gradient norm is not finite is skipped: no optimizer step, counted in ``fault_state["skipped"]``
-    (logged as ``faults/skipped_updates``), its stats left out of the means. ``trainer.max_consecutive_faults``
-    skips in a row raise ``FloatingPointError`` (the caller checkpoints the last good state).
-    """
-    B = td.batch_size[0]
-    mbs, accum = cfg.ppo.minibatch_size, cfg.ppo.gradient_accumulation_steps
-    micro = mbs // accum
-    all_stats: list[dict] = []
-    good_stats: list[dict] = []
-    first_ratio = None
-    for epoch in range(cfg.ppo.num_epochs):
-        perm = torch.randperm(B, generator=generator)
-        for start in range(0, B - mbs + 1, mbs):
-            idx = perm[start:start + mbs]
-            # global token count of this minibatch, so the loss is a mean over all processes' tokens:
-            # DDP averages over processes (× num_processes undoes it) and accelerator.backward divides
-            # by the accumulation steps (× accum undoes it; the micro-batch sums already add up)
-            n_tokens = td["masks", "response"][idx].sum().float().to(accelerator.device)
-            n_global = accelerator.reduce(n_tokens, "sum") if accelerator.num_processes > 1 else n_tokens
-            token_scale = accelerator.num_processes * accum / n_global.clamp(min=1).item()
-            mb_stats = []
-            skipped = False
-            for k in range(accum):
-                mb = td[idx[k * micro:(k + 1) * micro]]
-                with accelerator.accumulate(policy):
-                    # the entropy is logged from the first epoch (later epochs need it only as a bonus)
-                    loss, stats = ppo_loss(policy, mb, cfg, token_scale, with_entropy=epoch == 0)
-                    finite = (torch.isfinite(loss) & finite_rows(mb).all()).float()
-                    if accelerator.num_processes > 1:  # 1 only if finite everywhere (reduce has no "min")
-                        finite = accelerator.reduce(finite, "mean")
-                    if finite.item() < 1:
-                        skipped = True
-                        loss = loss.nan_to_num(0.0) * 0.0  # keep collectives in step; no update below
-                    accelerator.backward(loss)
-                    if accelerator.sync_gradients:
-                        if skipped:
-                            optimizer.zero_grad(set_to_none=True)
-                            fault_state["skipped"] += 1
-                            fault_state["consecutive"] += 1
-                        else:
-                            grad_norm = None
-                            if cfg.ppo.max_grad_norm is not None:
-                                grad_norm = accelerator.clip_grad_norm_(policy.parameters(), cfg.ppo.max_grad_norm)
-                            if grad_norm is not None and not torch.isfinite(torch.as_tensor(grad_norm)):
-                                optimizer.zero_grad(set_to_none=True)
-                                fault_state["skipped"] += 1
-                                fault_state["consecutive"] += 1
-                            else:
-                                optimizer.step()
-                                lr_scheduler.step()
-                                fault_state["consecutive"] = 0
-                            if grad_norm is not None:
-                                stats["policy/grad_norm"] = torch.as_tensor(grad_norm).float()
-                        optimizer.zero_grad(set_to_none=True)
-                if first_ratio is None:
-                    first_ratio = stats["val/ratio"]
-                mb_stats.append(stats)
-            if fault_state["consecutive"] >= cfg.trainer.max_consecutive_faults:
-                raise FloatingPointError(
-                    f"{fault_state['consecutive']} PPO updates in a row were skipped for non-finite rewards, "
-                    f"log-probs, advantages, loss or gradients (trainer.max_consecutive_faults="
-                    f"{cfg.trainer.max_consecutive_faults})")
-            all_stats += mb_stats
-            good_stats += [] if skipped or fault_state["consecutive"] else mb_stats
-    used = good_stats or all_stats  # all skipped: the (non-finite) stats show it
-    keys = {k for s in used for k in s}
-    out = {k: torch.stack([s[k].float().cpu() for s in used if k in s]).mean() for k in keys}
-    out["val/first_ratio"] = first_ratio
-    return out
+from rlhf_train.transforms import build_transform_stack
 
 
 # --------------------------------------------------------------------------------------------
@@ -363,14 +57,6 @@ def _rollout_metrics(td) -> dict:
     }
 
 
-def _reduce_metrics(metrics: dict, accelerator) -> dict:
-    names = sorted(metrics)
-    vals = torch.stack([torch.as_tensor(metrics[k], dtype=torch.float32).reshape(()) for k in names]).to(accelerator.device)
-    if accelerator.num_processes > 1:
-        vals = accelerator.reduce(vals, "mean")
-    return {k: float(v) for k, v in zip(names, vals.cpu())}
-
-
 def _samples(td, tokenizer, n: int = 4) -> list[dict]:
     tok = td["tokens"]
     rows = []
@@ -381,74 +67,6 @@ def _samples(td, tokenizer, n: int = 4) -> list[dict]:
                      "score": float(td["next", "score_raw"][i]),
                      "reward": float(td["next", "reward"][i].sum())})
     return rows
-
-
-def infinite_batches(loader, accelerator, start_epoch: int = 0, skip: int = 0):
-    """Yield ``(epoch, index_in_epoch, batch)`` forever; resumes mid-epoch by skipping consumed batches."""
-    epoch = start_epoch
-    while True:
-        if hasattr(loader, "set_epoch"):
-            loader.set_epoch(epoch)
-        it = accelerator.skip_first_batches(loader, skip) if skip else loader
-        for i, batch in enumerate(it, start=skip):
-            yield epoch, i, batch
-        epoch, skip = epoch + 1, 0
-
-
-def _cpu_only_multiprocess() -> bool:
-    """Launched as several processes (``accelerate launch --multi_gpu``/torchrun) on a machine without
-    GPUs: Accelerate only forms the process group (gloo) when told ``cpu=True``; otherwise each process
-    would silently train alone."""
-    if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or torch.cuda.is_available():
-        return False
-    from accelerate.utils import is_mlu_available, is_npu_available, is_xpu_available
-
-    return not (is_xpu_available() or is_npu_available() or is_mlu_available())
-
-
-@contextlib.contextmanager
-def full_weights(policy, accelerator):
-    """Rollouts call the unwrapped policy (``generate`` + one scoring pass), which needs whole weights.
-
-    FSDP gathers them with ``summon_full_params`` and DeepSpeed ZeRO-3 with ``GatheredParameters``
-    (every process then holds the full weights for the rollout); DDP and ZeRO-1/2 already do.
-    Collective under FSDP / ZeRO-3: every process enters it.
-    """
-    from accelerate.utils import DistributedType
-
-    kind = accelerator.distributed_type
-    if kind == DistributedType.FSDP:
-        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-
-        with FSDP.summon_full_params(policy, writeback=False, recurse=True):
-            yield
-    elif kind == DistributedType.DEEPSPEED and accelerator.state.deepspeed_plugin.zero_stage == 3:
-        import deepspeed
-
-        with deepspeed.zero.GatheredParameters(list(policy.parameters()), modifier_rank=None):
-            yield
-    else:
-        yield
-
-
-def _in_policy_precision(ref_log_prob_fn, accelerator):
-    """Run the reference under the policy's autocast (bf16/fp16), as the policy's own pass is: π_ref is a
-    copy of the initial policy, so the first iteration's KL is then exactly 0. Log-probs stay fp32."""
-
-    def ref_log_probs(full, full_mask, prompt_len):
-        with accelerator.autocast():
-            return ref_log_prob_fn(full, full_mask, prompt_len)
-
-    return ref_log_probs
-
-
-def _main_process_run_dir(run_dir: Path, accelerator) -> Path:
-    """Rank 0's run dir, on every process (Hydra's timestamped default could differ by a second)."""
-    if accelerator.num_processes == 1:
-        return run_dir
-    from accelerate.utils import broadcast_object_list
-
-    return Path(broadcast_object_list([str(run_dir)], from_process=0)[0])
 
 
 def train(cfg: DictConfig, run_dir: str | Path | None = None) -> dict:
@@ -465,11 +83,11 @@ def train(cfg: DictConfig, run_dir: str | Path | None = None) -> dict:
     if cfg.trainer.num_threads:
         torch.set_num_threads(cfg.trainer.num_threads)
     accelerator = Accelerator(
-        cpu=cfg.trainer.cpu or _cpu_only_multiprocess(), mixed_precision=cfg.trainer.mixed_precision,
+        cpu=cfg.trainer.cpu or cpu_only_multiprocess(), mixed_precision=cfg.trainer.mixed_precision,
         gradient_accumulation_steps=cfg.ppo.gradient_accumulation_steps,
         dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True),
     )
-    run_dir = _main_process_run_dir(run_dir, accelerator)  # every process uses rank 0's run dir
+    run_dir = main_process_run_dir(run_dir, accelerator)  # every process uses rank 0's run dir
     if getattr(accelerator, "is_fsdp2", False):
         raise ConfigError("FSDP2 (fsdp_version: 2 in the accelerate config) is not supported: rollouts need the "
                           "full weights; use fsdp_version: 1 (conf/accelerate/fsdp.yaml)")
@@ -512,7 +130,7 @@ def train(cfg: DictConfig, run_dir: str | Path | None = None) -> dict:
         logprobs_from_generate=accelerator.mixed_precision == "no",
     )
     if ref_fn is None and accelerator.mixed_precision != "no":
-        rollout.ref_log_prob_fn = _in_policy_precision(rollout.ref_log_prob_fn, accelerator)
+        rollout.ref_log_prob_fn = in_policy_precision(rollout.ref_log_prob_fn, accelerator)
     rollout.transforms = build_transform_stack(
         cfg.transforms, ref_log_prob_fn=rollout.ref_log_prob_fn, eos_token_id=rollout.eos_token_id)
 
@@ -589,7 +207,7 @@ def train(cfg: DictConfig, run_dir: str | Path | None = None) -> dict:
                        "faults/skipped_updates": fault_state["skipped"],
                        "time/rollout_s": t_rollout, "time/update_s": t_update,
                        "time/iteration_s": time.perf_counter() - t0, "lr": lr_scheduler.get_last_lr()[0]}
-            metrics = _reduce_metrics(metrics, accelerator)
+            metrics = reduce_metrics(metrics, accelerator)
             samples = _samples(td, comps.tokenizer) if iteration % cfg.trainer.samples_every == 0 else None
             if accelerator.is_main_process:
                 logger.log(metrics, iteration)

@@ -4,7 +4,7 @@ Run it as ``[accelerate launch ...] tests/dist_worker.py <hydra overrides>`` wit
 set. Each process then writes ``rank<r>.pt`` there, holding:
 
 * ``prompts``: the dataset indices of each iteration's prompt batch (``[B]`` per iteration)
-* ``local_metrics`` / ``reduced_metrics``: what ``trainer._reduce_metrics`` got and returned
+* ``local_metrics`` / ``reduced_metrics``: what ``trainer.reduce_metrics`` got and returned
 * ``first_grad``: the gradients at the first optimizer step (after DDP's all-reduce), in parameter order
 * ``params``: the policy's parameters after training
 * ``num_processes``: the process count the trainer's Accelerator saw
@@ -32,7 +32,7 @@ def install_probes(dump_dir: Path) -> None:
         record["prompts"].append(batch["index"].detach().cpu().clone())
         return rollout_from_data(self, batch, *args, **kwargs)
 
-    reduce_metrics = trainer._reduce_metrics
+    reduce_metrics = trainer.reduce_metrics
 
     def probed_reduce(metrics, accelerator):
         out = reduce_metrics(metrics, accelerator)
@@ -59,7 +59,7 @@ def install_probes(dump_dir: Path) -> None:
         return out
 
     RolloutFromModel.rollout_from_data = probed_rollout
-    trainer._reduce_metrics = probed_reduce
+    trainer.reduce_metrics = probed_reduce  # the name train() calls
     AcceleratedOptimizer.step = probed_step
     trainer.train = probed_train  # rlhf_train.stages imports it at call time
 

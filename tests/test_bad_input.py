@@ -64,7 +64,7 @@ def test_unknown_key_via_cli_fails_fast(tmp_path):
 def test_non_positive_values(override, key):
     from omegaconf import OmegaConf
 
-    from rlhf_train.trainer import validate_config
+    from rlhf_train.components import validate_config
 
     cfg = copy.deepcopy(_adaptive_cfg())
     OmegaConf.update(cfg, key, int(override.split("=")[1]))  # as the override would (types still checked)

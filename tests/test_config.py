@@ -1,7 +1,7 @@
 """Every recipe and every option of every config group composes, type-checks and instantiates offline.
 
 1. ``conf/config.yaml`` + each ``conf/recipe/*.yaml`` (whatever recipes exist) composes against the
-   schemas (``rlhf_train.schema``), passes ``trainer.validate_config``, and its PPO components
+   schemas (``rlhf_train.schema``), passes ``components.validate_config``, and its PPO components
    (tokenizer, policy, reference, reward model, KL controller, prompts, optimizer, transform stack) are
    built when the recipe runs PPO (``stage`` ``ppo`` or ``pipeline``). Pieces that need the Hugging Face Hub (TL;DR recipes: ``gpt2``, the TL;DR dataset) are swapped
    for tiny local stand-ins first; the rest of the recipe is used as written.
@@ -84,7 +84,7 @@ def test_groups_and_recipes_found():
 def test_recipe_composes_and_instantiates(recipe, tmp_path):
     from hydra.utils import instantiate
 
-    from rlhf_train.trainer import build_components, make_lr_scheduler, validate_config
+    from rlhf_train.components import build_components, make_lr_scheduler, validate_config
     from rlhf_train.transforms import build_transform_stack
 
     cfg = compose([f"+recipe={recipe}"])
@@ -109,7 +109,7 @@ def test_recipe_composes_and_instantiates(recipe, tmp_path):
 def test_group_option_composes(group, option, tokenizer, tmp_path):
     from hydra.utils import instantiate
 
-    from rlhf_train.trainer import build_components, make_lr_scheduler, validate_config
+    from rlhf_train.components import build_components, make_lr_scheduler, validate_config
     from rlhf_train.transforms import build_transform_stack
 
     cfg = compose([f"{group}={option}"])
@@ -204,7 +204,7 @@ def test_bad_override_fails_at_compose(override, key):
     ("+transforms.extra={_target_:rlhf_train.transforms.NoSuchTransform}", "transforms.extra"),
 ])
 def test_bad_value_fails_validation(override, key):
-    from rlhf_train.trainer import validate_config
+    from rlhf_train.components import validate_config
 
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
         validate_config(compose(["+recipe=smoke", "ppo.gradient_accumulation_steps=2", override]))

@@ -44,7 +44,7 @@ def _update(td):
     """One ``ppo_update`` (2 epochs x 2 minibatches of 2 rows): (fault_state, weights before, after, stats, error)."""
     from accelerate import Accelerator
 
-    from rlhf_train.trainer import ppo_update
+    from rlhf_train.ppo_update import ppo_update
 
     cfg = _cfg()
     policy = tiny_policy(V)
@@ -74,16 +74,16 @@ def test_non_finite_input_skips_only_its_minibatch(key, bad):
 
 
 def test_non_finite_loss_skips_the_update(monkeypatch):
-    from rlhf_train import trainer
+    from rlhf_train import ppo_update
 
-    real, calls = trainer.ppo_loss, []
+    real, calls = ppo_update.ppo_loss, []
 
     def nan_once(*args, **kwargs):
         loss, stats = real(*args, **kwargs)
         calls.append(1)
         return (loss * float("nan") if len(calls) == 1 else loss), stats
 
-    monkeypatch.setattr(trainer, "ppo_loss", nan_once)
+    monkeypatch.setattr(ppo_update, "ppo_loss", nan_once)
     faults, *_ , err = _update(_rollouts())
     assert err is None and faults == {"skipped": 1, "consecutive": 0}
 
@@ -111,7 +111,7 @@ def test_kl_controller_ignores_non_finite_kl():
 def test_whitening_ignores_faulty_rows():
     from accelerate import Accelerator
 
-    from rlhf_train.trainer import global_masked_whiten
+    from rlhf_train.ppo_update import global_masked_whiten
 
     x = torch.randn(4, 5)
     x[0, 1] = float("nan")

@@ -181,11 +181,11 @@ def test_sigterm_checkpoint_resume_is_exact_and_keeps_wandb_id(tmp_path, monkeyp
 
 
 def test_second_signal_exits_at_once(monkeypatch):
-    from rlhf_train import trainer
+    from rlhf_train import preemption
 
     exits = []
-    monkeypatch.setattr(trainer.os, "_exit", exits.append)
-    handler = trainer.PreemptionHandler()
+    monkeypatch.setattr(preemption.os, "_exit", exits.append)
+    handler = preemption.PreemptionHandler()
     handler._handle(signal.SIGTERM, None)
     assert handler.requested and exits == []  # first: finish the iteration, checkpoint, exit 143
     handler._handle(signal.SIGINT, None)

@@ -26,7 +26,7 @@
 
 2. ``process_logits`` (the sampling distribution) equals transformers' Temperature/TopK/TopP warpers.
 3. The first PPO ratio is exactly 1 (temperature 0.7, and with top-k 5 / top-p 0.9), through
-   ``rlhf_train.trainer.ppo_loss`` on the first minibatch of a rollout.
+   ``rlhf_train.ppo_update.ppo_loss`` on the first minibatch of a rollout.
 4. The rollout's ``kl_coef`` is always the KL controller's coefficient, across ``step_scheduler`` calls;
    the adaptive update gets the per-sequence KLs (mean over sequences, ``n_steps`` = sequences).
 
@@ -182,7 +182,7 @@ def small_policy(seed=0):
 
 @pytest.mark.parametrize("temperature, top_k, top_p", [(0.7, 0, 1.0), (0.7, 5, 0.9)])
 def test_first_ppo_ratio_is_exactly_one(temperature, top_k, top_p):
-    from rlhf_train.trainer import ppo_loss
+    from rlhf_train.ppo_update import ppo_loss
 
     policy = small_policy()
     ref = build_reference(policy)

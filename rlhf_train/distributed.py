@@ -1,0 +1,84 @@
+"""What the PPO loop needs to run the same way on one process or many (DDP, FSDP, DeepSpeed, gloo on CPU)."""
+from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
+
+import torch
+
+
+def reduce_metrics(metrics: dict, accelerator) -> dict:
+    names = sorted(metrics)
+    vals = torch.stack([torch.as_tensor(metrics[k], dtype=torch.float32).reshape(()) for k in names]).to(accelerator.device)
+    if accelerator.num_processes > 1:
+        vals = accelerator.reduce(vals, "mean")
+    return {k: float(v) for k, v in zip(names, vals.cpu())}
+
+
+def infinite_batches(loader, accelerator, start_epoch: int = 0, skip: int = 0):
+    """Yield ``(epoch, index_in_epoch, batch)`` forever; resumes mid-epoch by skipping consumed batches."""
+    epoch = start_epoch
+    while True:
+        if hasattr(loader, "set_epoch"):
+            loader.set_epoch(epoch)
+        it = accelerator.skip_first_batches(loader, skip) if skip else loader
+        for i, batch in enumerate(it, start=skip):
+            yield epoch, i, batch
+        epoch, skip = epoch + 1, 0
+
+
+def cpu_only_multiprocess() -> bool:
+    """Launched as several processes (``accelerate launch --multi_gpu``/torchrun) on a machine without
+    GPUs: Accelerate only forms the process group (gloo) when told ``cpu=True``; otherwise each process
+    would silently train alone."""
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or torch.cuda.is_available():
+        return False
+    from accelerate.utils import is_mlu_available, is_npu_available, is_xpu_available
+
+    return not (is_xpu_available() or is_npu_available() or is_mlu_available())
+
+
+@contextlib.contextmanager
+def full_weights(policy, accelerator):
+    """Rollouts call the unwrapped policy (``generate`` + one scoring pass), which needs whole weights.
+
+    FSDP gathers them with ``summon_full_params`` and DeepSpeed ZeRO-3 with ``GatheredParameters``
+    (every process then holds the full weights for the rollout); DDP and ZeRO-1/2 already do.
+    Collective under FSDP / ZeRO-3: every process enters it.
+    """
+    from accelerate.utils import DistributedType
+
+    kind = accelerator.distributed_type
+    if kind == DistributedType.FSDP:
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+        with FSDP.summon_full_params(policy, writeback=False, recurse=True):
+            yield
+    elif kind == DistributedType.DEEPSPEED and accelerator.state.deepspeed_plugin.zero_stage == 3:
+        import deepspeed
+
+        with deepspeed.zero.GatheredParameters(list(policy.parameters()), modifier_rank=None):
+            yield
+    else:
+        yield
+
+
+def in_policy_precision(ref_log_prob_fn, accelerator):
+    """Run the reference under the policy's autocast (bf16/fp16), as the policy's own pass is: π_ref is a
+    copy of the initial policy, so the first iteration's KL is then exactly 0. Log-probs stay fp32."""
+
+    def ref_log_probs(full, full_mask, prompt_len):
+        with accelerator.autocast():
+            return ref_log_prob_fn(full, full_mask, prompt_len)
+
+    return ref_log_probs
+
+
+def main_process_run_dir(run_dir: Path, accelerator) -> Path:
+    """Rank 0's run dir, on every process (Hydra's timestamped default could differ by a second)."""
+    if accelerator.num_processes == 1:
+        return run_dir
+    from accelerate.utils import broadcast_object_list
+
+    return Path(broadcast_object_list([str(run_dir)], from_process=0)[0])
