@@ -328,6 +328,29 @@ def last_token_index(attention_mask: torch.Tensor) -> torch.Tensor:
     return L - 1 - attention_mask.long().flip(-1).argmax(-1)
 
 
+REWARD_HEAD_FILE = "reward_head.safetensors"
+
+
+def save_reward_head(rm: nn.Module, path: str) -> None:
+    """The scalar head (``rm.head``: ``Linear(H, 1)``) and the score offset (``rm.bias``) of a reward model."""
+    from safetensors.torch import save_file
+
+    save_file({"weight": rm.head.weight.detach().contiguous(), "bias": rm.head.bias.detach(),
+               "offset": rm.bias.detach().reshape(1)}, os.path.join(path, REWARD_HEAD_FILE))
+
+
+@torch.no_grad()
+def load_reward_head(rm: nn.Module, path: str) -> nn.Module:
+    """Inverse of :func:`save_reward_head`; returns ``rm``."""
+    from safetensors.torch import load_file
+
+    head = load_file(os.path.join(path, REWARD_HEAD_FILE))
+    rm.head.weight.copy_(head["weight"])
+    rm.head.bias.copy_(head["bias"])
+    rm.bias.copy_(head["offset"][0])
+    return rm
+
+
 class RewardModel(nn.Module):
     """A scalar reward head on a transformer trunk, with the interface of torchrl's ``GPT2RewardModel``.
 
@@ -365,25 +388,16 @@ class RewardModel(nn.Module):
 
     def save_pretrained(self, path: str) -> None:
         """Trunk via ``save_pretrained`` (safetensors); head and bias in ``reward_head.safetensors``."""
-        from safetensors.torch import save_file
-
         self.trunk.save_pretrained(path)
-        save_file({"weight": self.head.weight.detach().contiguous(), "bias": self.head.bias.detach(),
-                   "offset": self.bias.detach().reshape(1)}, os.path.join(path, "reward_head.safetensors"))
+        save_reward_head(self, path)
 
     @classmethod
     def from_pretrained(cls, path: str) -> "RewardModel":
-        from safetensors.torch import load_file
         from transformers import AutoModel
 
         trunk = AutoModel.from_pretrained(path)
         rm = cls(trunk, trunk.config.hidden_size)
-        head = load_file(os.path.join(path, "reward_head.safetensors"))
-        with torch.no_grad():
-            rm.head.weight.copy_(head["weight"])
-            rm.head.bias.copy_(head["bias"])
-            rm.bias.copy_(head["offset"][0])
-        return rm
+        return load_reward_head(rm, path)
 
 
 class ReencodingRewardModel(nn.Module):
@@ -434,12 +448,9 @@ class ReencodingRewardModel(nn.Module):
         ``reencoding_reward_model.json`` marks the kind (the policy tokenizer is given again at load time)."""
         import json
 
-        from safetensors.torch import save_file
-
         self.encoder.save_pretrained(path)
         self.encoder_tokenizer.save_pretrained(path)
-        save_file({"weight": self.head.weight.detach().contiguous(), "bias": self.head.bias.detach(),
-                   "offset": self.bias.detach().reshape(1)}, os.path.join(path, "reward_head.safetensors"))
+        save_reward_head(self, path)
         with open(os.path.join(path, REENCODING_MARKER), "w") as f:
             json.dump({"max_length": self.max_length}, f)
 
@@ -453,17 +464,10 @@ class ReencodingRewardModel(nn.Module):
     def from_pretrained(cls, path: str, policy_tokenizer: Any) -> "ReencodingRewardModel":
         import json
 
-        from safetensors.torch import load_file
-
         with open(os.path.join(path, REENCODING_MARKER)) as f:
             meta = json.load(f)
         rm = cls.from_encoder(path, policy_tokenizer, meta.get("max_length", 128))
-        head = load_file(os.path.join(path, "reward_head.safetensors"))
-        with torch.no_grad():
-            rm.head.weight.copy_(head["weight"])
-            rm.head.bias.copy_(head["bias"])
-            rm.bias.copy_(head["offset"][0])
-        return rm
+        return load_reward_head(rm, path)
 
 
 REENCODING_MARKER = "reencoding_reward_model.json"
@@ -494,7 +498,7 @@ def build_reward_model(
             if tokenizer is None:
                 raise ConfigError(f"the reward model in '{path}' re-encodes text: it needs the policy tokenizer")
             rm = ReencodingRewardModel.from_pretrained(path, tokenizer)
-        elif os.path.exists(os.path.join(path, "reward_head.safetensors")):
+        elif os.path.exists(os.path.join(path, REWARD_HEAD_FILE)):
             rm = RewardModel.from_pretrained(path)
         else:
             from transformers import AutoModel
