@@ -1,12 +1,12 @@
 """One PPO iteration of rlhf_train (rollout + update) on a randomly initialised GPT-2 built from config.
 
-Runs the trainer's own code, step for step as ``rlhf_train.trainer.train`` does it (see its numbered
+Runs the trainer's own code, step for step as ``rlhf_train.loop.trainer.train`` does it (see its numbered
 loop): the Hydra config is composed from ``conf/`` (``data=synthetic``, shapes as overrides), the
 components are instantiated from it, and one iteration is
 
   2. ``RolloutFromModel.rollout_from_data`` (KV-cached ``generate``, which also yields the policy's
      log-probs and values → one pass each of reference and reward model → the transform stack),
-  3. ``ppo_math.gae`` + ``global_masked_whiten``,
+  3. ``gae`` + ``global_masked_whiten``,
   4. ``ppo_update.ppo_update`` (``num_epochs`` × minibatches of ``--minibatch`` sequences),
   5. ``step_scheduler()``.
 
@@ -38,8 +38,9 @@ import resource
 import time
 from pathlib import Path
 
-import rlhf_train  # noqa: F401  (first: its CPU defaults, THP and OpenMP waiting, must precede torch)
 import torch
+
+import rlhf_train  # noqa: F401  (first: its CPU defaults, THP and OpenMP waiting, must precede torch)
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 
@@ -66,7 +67,7 @@ def compose_config(*, layers, width, heads, vocab, prompt_len, new_tokens, rollo
     """The trainer's Hydra config for this shape (``conf/`` + overrides), type-checked by the schemas."""
     from hydra import compose, initialize_config_dir
 
-    from rlhf_train.schema import register_configs
+    from rlhf_train.config.schema import register_configs
 
     register_configs()
     n_positions = max(1024, prompt_len + 2 * new_tokens)
@@ -129,9 +130,13 @@ def build(cfg, tokenizer):
     from omegaconf import OmegaConf
 
     import rlhf_train.data.prompts  # noqa: F401  (as trainer.train does before instantiating cfg.data)
-    from rlhf_train.rollout import RolloutFromModel
-    from rlhf_train.components import check_fits, make_lr_scheduler, validate_config
-    from rlhf_train.transforms import build_transform_stack
+    from rlhf_train.loop.components import (
+        check_fits,
+        make_lr_scheduler,
+        validate_config,
+    )
+    from rlhf_train.rewards.transforms import build_transform_stack
+    from rlhf_train.rollout.rollout_from_model import RolloutFromModel
 
     validate_config(cfg)
     accelerator = Accelerator(cpu=True, gradient_accumulation_steps=cfg.ppo.gradient_accumulation_steps)
@@ -162,8 +167,8 @@ def build(cfg, tokenizer):
 
 def one_iteration(s: dict, prompts: dict, gen_chunk: int | None) -> dict:
     """Steps 2-5 of ``trainer.train``'s loop on one batch of prompts; returns timings (seconds)."""
-    from rlhf_train import ppo_math
-    from rlhf_train.ppo_update import global_masked_whiten, ppo_update
+    from rlhf_train.algorithms.update import global_masked_whiten, ppo_update
+    from rlhf_train.core.advantages import gae
 
     cfg, rollout, policy = s["cfg"], s["rollout"], s["policy"]
     lm = s["accelerator"].unwrap_model(policy).lm
@@ -180,7 +185,7 @@ def one_iteration(s: dict, prompts: dict, gen_chunk: int | None) -> dict:
         td = tds[0] if len(tds) == 1 else torch.cat(tds)
         # 3. GAE over response tokens; advantages whitened over the batch's response tokens
         mask = td["masks", "response"]
-        advantage, returns = ppo_math.gae(td["next", "reward"], td["values"], mask, cfg.ppo.gamma, cfg.ppo.lam)
+        advantage, returns = gae(td["next", "reward"], td["values"], mask, cfg.ppo.gamma, cfg.ppo.lam)
         td.set("advantage_raw", advantage)
         td.set("returns", returns)
         if cfg.ppo.whiten_advantages:

@@ -7,7 +7,7 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from rlhf_train.schema import register_configs
+from rlhf_train.config.schema import register_configs
 
 register_configs()
 
@@ -36,9 +36,10 @@ def non_main_process_overrides(argv: list[str]) -> list[str]:
 def main(cfg: DictConfig):
     from hydra.errors import InstantiationException
 
-    from rlhf_train.errors import ConfigError
-    from rlhf_train.stages import run_stage
-    from rlhf_train.sweep import in_multirun, run_job
+    from rlhf_train.infra.errors import ConfigError
+    from rlhf_train.infra.logger import in_multirun
+    from rlhf_train.pipeline.stages import run_stage
+    from rlhf_train.pipeline.sweep import run_job
 
     if in_multirun():  # a failing job is recorded in the sweep report; the other jobs still run
         return run_job(run_stage, cfg)

@@ -21,8 +21,8 @@ import torch
 def install_probes(dump_dir: Path) -> None:
     from accelerate.optimizer import AcceleratedOptimizer
 
-    from rlhf_train import trainer
-    from rlhf_train.rollout import RolloutFromModel
+    from rlhf_train.loop import trainer
+    from rlhf_train.rollout.rollout_from_model import RolloutFromModel
 
     record: dict = {"prompts": [], "local_metrics": [], "reduced_metrics": [], "first_grad": None}
 
@@ -61,7 +61,7 @@ def install_probes(dump_dir: Path) -> None:
     RolloutFromModel.rollout_from_data = probed_rollout
     trainer.reduce_metrics = probed_reduce  # the name train() calls
     AcceleratedOptimizer.step = probed_step
-    trainer.train = probed_train  # rlhf_train.stages imports it at call time
+    trainer.train = probed_train  # rlhf_train.pipeline.stages imports it at call time
 
 
 if __name__ == "__main__":

@@ -19,10 +19,10 @@ FAST = ["+recipe=smoke", "logger=csv", "trainer.progress_bar=false", "data.batch
 
 def make_cfg(*overrides: str):
     """The composed config of ``FAST`` + ``overrides`` (no Hydra run dir involved)."""
-    import rlhf_train.data.prompts  # noqa: F401  (makes `rlhf_train.data.prompts` the module for instantiate)
     from hydra import compose, initialize_config_dir
 
-    from rlhf_train.schema import register_configs
+    import rlhf_train.data.prompts  # noqa: F401  (makes `rlhf_train.data.prompts` the module for instantiate)
+    from rlhf_train.config.schema import register_configs
 
     register_configs()
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
@@ -42,7 +42,7 @@ def files_of(run_dir: Path) -> dict[str, bytes]:
 
 
 def tiny_policy(vocab: int = 32):
-    from rlhf_train.models import build_policy
+    from rlhf_train.models.policy import build_policy
 
     torch.manual_seed(0)
     return build_policy(config={"n_layer": 1, "n_embd": 16, "n_head": 2, "n_positions": 32, "vocab_size": vocab,

@@ -13,13 +13,13 @@ import torch
 from hydra.errors import HydraException
 from omegaconf.errors import OmegaConfBaseException
 
-from rlhf_train.errors import ConfigError
+from rlhf_train.infra.errors import ConfigError
 from tests.reliability_helpers import cli, files_of, make_cfg, tiny_policy
 
 
 def _train_fails(tmp_path, *overrides, match: str):
     """``train`` raises a ConfigError matching ``match``, and writes nothing into the run dir."""
-    from rlhf_train.trainer import train
+    from rlhf_train.loop.trainer import train
 
     run = tmp_path / "run"
     run.mkdir(exist_ok=True)
@@ -64,7 +64,7 @@ def test_unknown_key_via_cli_fails_fast(tmp_path):
 def test_non_positive_values(override, key):
     from omegaconf import OmegaConf
 
-    from rlhf_train.components import validate_config
+    from rlhf_train.loop.components import validate_config
 
     cfg = copy.deepcopy(_adaptive_cfg())
     OmegaConf.update(cfg, key, int(override.split("=")[1]))  # as the override would (types still checked)
@@ -131,7 +131,7 @@ def test_missing_checkpoint_path(tmp_path):
 def _checkpoint(tmp_path):
     from accelerate import Accelerator
 
-    from rlhf_train.checkpoint import save_checkpoint
+    from rlhf_train.infra.checkpoint import save_checkpoint
 
     policy = tiny_policy()
     optimizer = torch.optim.AdamW(policy.parameters())
@@ -151,7 +151,7 @@ def test_corrupt_checkpoint_path(tmp_path):
 def test_corrupt_optimizer_state_fails_to_load_with_one_line(tmp_path):
     from accelerate import Accelerator
 
-    from rlhf_train.checkpoint import load_checkpoint, resolve_resume
+    from rlhf_train.infra.checkpoint import load_checkpoint, resolve_resume
 
     path, policy, optimizer, scheduler = _checkpoint(tmp_path)
     opt = path / "optimizer.pt"
@@ -164,7 +164,7 @@ def test_corrupt_optimizer_state_fails_to_load_with_one_line(tmp_path):
 
 
 def test_all_checkpoints_damaged_with_resume_auto(tmp_path):
-    from rlhf_train.checkpoint import resolve_resume
+    from rlhf_train.infra.checkpoint import resolve_resume
 
     path, *_ = _checkpoint(tmp_path)
     (path / "value_head.safetensors").write_bytes(b"")
@@ -174,8 +174,8 @@ def test_all_checkpoints_damaged_with_resume_auto(tmp_path):
 
 # ---------------------------------------------------------------- output dir
 def test_output_dir_not_writable(tmp_path):
-    from rlhf_train.run_dir import check_writable
-    from rlhf_train.trainer import train
+    from rlhf_train.infra.run_dir import check_writable
+    from rlhf_train.loop.trainer import train
 
     (tmp_path / "a_file").write_text("")
     with pytest.raises(ConfigError, match=r"hydra\.run\.dir=.*not writable"):

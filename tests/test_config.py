@@ -1,7 +1,7 @@
 """Every recipe and every option of every config group composes, type-checks and instantiates offline.
 
 1. ``conf/config.yaml`` + each ``conf/recipe/*.yaml`` (whatever recipes exist) composes against the
-   schemas (``rlhf_train.schema``), passes ``components.validate_config``, and its PPO components
+   schemas (``rlhf_train.config.schema``), passes ``components.validate_config``, and its PPO components
    (tokenizer, policy, reference, reward model, KL controller, prompts, optimizer, transform stack) are
    built when the recipe runs PPO (``stage`` ``ppo`` or ``pipeline``). Pieces that need the Hugging Face Hub (TL;DR recipes: ``gpt2``, the TL;DR dataset) are swapped
    for tiny local stand-ins first; the rest of the recipe is used as written.
@@ -19,7 +19,7 @@ import torch
 import yaml
 from omegaconf import OmegaConf
 
-from rlhf_train.errors import ConfigError
+from rlhf_train.infra.errors import ConfigError
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 RECIPES = sorted(p.stem for p in (CONF / "recipe").glob("*.yaml"))
@@ -33,7 +33,7 @@ def compose(overrides=()):
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
-    from rlhf_train.schema import register_configs
+    from rlhf_train.config.schema import register_configs
 
     register_configs()
     GlobalHydra.instance().clear()
@@ -84,14 +84,18 @@ def test_groups_and_recipes_found():
 def test_recipe_composes_and_instantiates(recipe, tmp_path):
     from hydra.utils import instantiate
 
-    from rlhf_train.components import build_components, make_lr_scheduler, validate_config
-    from rlhf_train.transforms import build_transform_stack
+    from rlhf_train.loop.components import (
+        build_components,
+        make_lr_scheduler,
+        validate_config,
+    )
+    from rlhf_train.rewards.transforms import build_transform_stack
 
     cfg = compose([f"+recipe={recipe}"])
     OmegaConf.to_container(cfg, resolve=True)  # every interpolation resolves
     validate_config(cfg)
     if cfg.stage in ("sft", "rm"):
-        return  # a single non-PPO stage: its own models are built by rlhf_train.pipeline (tested there)
+        return  # a single non-PPO stage: its own models are built by rlhf_train.pipeline.run (tested there)
     overrides = standins(cfg)
     if overrides:
         cfg = compose([f"+recipe={recipe}", *overrides])
@@ -109,8 +113,12 @@ def test_recipe_composes_and_instantiates(recipe, tmp_path):
 def test_group_option_composes(group, option, tokenizer, tmp_path):
     from hydra.utils import instantiate
 
-    from rlhf_train.components import build_components, make_lr_scheduler, validate_config
-    from rlhf_train.transforms import build_transform_stack
+    from rlhf_train.loop.components import (
+        build_components,
+        make_lr_scheduler,
+        validate_config,
+    )
+    from rlhf_train.rewards.transforms import build_transform_stack
 
     cfg = compose([f"{group}={option}"])
     node = cfg[group]
@@ -171,7 +179,7 @@ def test_group_option_composes(group, option, tokenizer, tmp_path):
     elif group == "logger":
         if node.kind == "wandb":
             return  # composes; building it would start W&B (network or offline files)
-        from rlhf_train.logger import build_logger
+        from rlhf_train.infra.logger import build_logger
 
         logger = build_logger(node, tmp_path, {})
         logger.log({"objective/score": 1.0}, 1)
@@ -201,10 +209,10 @@ def test_bad_override_fails_at_compose(override, key):
     ("ppo.minibatch_size=3", "ppo.minibatch_size"),  # with gradient_accumulation_steps=2 below
     ("~transforms.kl", "transforms.reward"),  # the reward entry reads the KL nobody writes any more
     ("~transforms.reward", "transforms.reward"),  # nothing writes the per-token reward
-    ("+transforms.extra={_target_:rlhf_train.transforms.NoSuchTransform}", "transforms.extra"),
+    ("+transforms.extra={_target_:rlhf_train.rewards.transforms.NoSuchTransform}", "transforms.extra"),
 ])
 def test_bad_value_fails_validation(override, key):
-    from rlhf_train.components import validate_config
+    from rlhf_train.loop.components import validate_config
 
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
         validate_config(compose(["+recipe=smoke", "ppo.gradient_accumulation_steps=2", override]))

@@ -159,7 +159,7 @@ def test_launch_time_is_shared_by_the_processes_of_a_launch(monkeypatch):
     """Under a launcher every process reads the launcher's start time, so Hydra's run dirs agree."""
     import psutil
 
-    from rlhf_train.schema import launch_time
+    from rlhf_train.config.schema import launch_time
 
     monkeypatch.setenv("LOCAL_RANK", "1")
     started = psutil.Process(os.getppid()).create_time()
@@ -197,9 +197,9 @@ def test_bf16_keeps_log_probs_and_kl_fp32_with_models_placed_on_cpu(tmp_path, mo
     """bf16 autocast through Accelerate; reference and reward model placed with ``*.device=cpu``."""
     from hydra import compose, initialize_config_dir
 
-    from rlhf_train.rollout import RolloutFromModel
-    from rlhf_train.schema import register_configs
-    from rlhf_train.trainer import train
+    from rlhf_train.config.schema import register_configs
+    from rlhf_train.loop.trainer import train
+    from rlhf_train.rollout.rollout_from_model import RolloutFromModel
 
     register_configs()
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):

@@ -1,6 +1,6 @@
 """The fast paths of the performance work give the same numbers as the plain ones.
 
-1. ``ppo_math.logprobs_and_entropy`` (blockwise, vocabulary-major, gradient written in place) equals
+1. ``logprobs_and_entropy`` (blockwise, vocabulary-major, gradient written in place) equals
    ``logprobs_of_labels`` + ``entropy_from_logits``, values and gradients, with and without temperature,
    with several vocabulary blocks, and its gradient passes ``gradcheck`` in float64.
 2. ``models.response_logprobs`` (what the policy's forward pass and the reference pass use) equals the
@@ -14,14 +14,20 @@ Budget: < 10 s on 2 CPU cores. (Speed itself is measured in ``benchmarks/``, nev
 import pytest
 import torch
 
-from rlhf_train import ppo_math
-from rlhf_train.models import process_logits, response_logprobs
-from rlhf_train.rollout import InverseCDFSampler
+from rlhf_train.core import logprob_kernel
+from rlhf_train.core.logprob_kernel import (
+    entropy_from_logits,
+    logprobs_and_entropy,
+    logprobs_of_labels,
+)
+from rlhf_train.core.sampling import process_logits
+from rlhf_train.generation.hf_generate import InverseCDFSampler
+from rlhf_train.models.scoring import response_logprobs
 
 
 @pytest.fixture
 def small_blocks(monkeypatch):
-    monkeypatch.setattr(ppo_math, "_BLOCK_ELEMENTS", 7 * 5)  # 5 tokens -> blocks of 7 vocabulary rows
+    monkeypatch.setattr(logprob_kernel, "_BLOCK_ELEMENTS", 7 * 5)  # 5 tokens -> blocks of 7 vocabulary rows
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
@@ -33,13 +39,13 @@ def test_logprobs_and_entropy_matches_plain_path(temperature, small_blocks):
     labels = torch.randint(0, V, (N,))
     g_lp, g_ent = torch.randn(N), torch.randn(N)
 
-    lp, ent = ppo_math.logprobs_and_entropy(weight @ hidden.T, labels, temperature, overwrite_logits=True)
+    lp, ent = logprobs_and_entropy(weight @ hidden.T, labels, temperature, overwrite_logits=True)
     ((lp * g_lp).sum() + (ent * g_ent).sum()).backward()
     grads = hidden.grad.clone(), weight.grad.clone()
     hidden.grad = weight.grad = None
 
     logits = hidden @ weight.T / temperature
-    lp0, ent0 = ppo_math.logprobs_of_labels(logits, labels), ppo_math.entropy_from_logits(logits)
+    lp0, ent0 = logprobs_of_labels(logits, labels), entropy_from_logits(logits)
     ((lp0 * g_lp).sum() + (ent0 * g_ent).sum()).backward()
     torch.testing.assert_close(lp, lp0, atol=1e-5, rtol=0)
     torch.testing.assert_close(ent, ent0, atol=1e-5, rtol=0)
@@ -52,9 +58,9 @@ def test_logprobs_and_entropy_gradcheck(temperature, small_blocks):
     torch.manual_seed(0)
     logits_t = torch.randn(30, 5, dtype=torch.float64, requires_grad=True)
     labels = torch.randint(0, 30, (5,))
-    assert torch.autograd.gradcheck(lambda x: ppo_math.logprobs_and_entropy(x, labels, temperature), (logits_t,))
+    assert torch.autograd.gradcheck(lambda x: logprobs_and_entropy(x, labels, temperature), (logits_t,))
     # only the log-probs used (the trainer's case with ent_coef = 0): no entropy gradient pass
-    assert torch.autograd.gradcheck(lambda x: ppo_math.logprobs_and_entropy(x, labels, temperature)[0], (logits_t,))
+    assert torch.autograd.gradcheck(lambda x: logprobs_and_entropy(x, labels, temperature)[0], (logits_t,))
 
 
 @pytest.mark.parametrize("grad", [True, False])
@@ -66,9 +72,9 @@ def test_response_logprobs_matches_plain_path(grad):
     labels = torch.randint(0, V, (B, T))
     with torch.set_grad_enabled(grad):
         lp, ent = response_logprobs(hidden, head, labels, temperature=0.7)
-    expected = ppo_math.logprobs_of_labels(process_logits(head(hidden), 0.7), labels)
+    expected = logprobs_of_labels(process_logits(head(hidden), 0.7), labels)
     torch.testing.assert_close(lp, expected.detach(), atol=1e-5, rtol=0)
-    torch.testing.assert_close(ent, ppo_math.entropy_from_logits(head(hidden) / 0.7).detach(), atol=1e-5, rtol=0)
+    torch.testing.assert_close(ent, entropy_from_logits(head(hidden) / 0.7).detach(), atol=1e-5, rtol=0)
     if grad:
         lp.sum().backward()
         g = hidden.grad.clone()
@@ -78,7 +84,7 @@ def test_response_logprobs_matches_plain_path(grad):
     # top-k: the filtered distribution (plain path)
     with torch.no_grad():
         lp_k, _ = response_logprobs(hidden, head, labels, temperature=0.7, top_k=5, with_entropy=False)
-        torch.testing.assert_close(lp_k, ppo_math.logprobs_of_labels(process_logits(head(hidden), 0.7, 5), labels))
+        torch.testing.assert_close(lp_k, logprobs_of_labels(process_logits(head(hidden), 0.7, 5), labels))
 
 
 def test_inverse_cdf_sampler_distribution_and_log_probs():

@@ -44,7 +44,7 @@ def _update(td):
     """One ``ppo_update`` (2 epochs x 2 minibatches of 2 rows): (fault_state, weights before, after, stats, error)."""
     from accelerate import Accelerator
 
-    from rlhf_train.ppo_update import ppo_update
+    from rlhf_train.algorithms.update import ppo_update
 
     cfg = _cfg()
     policy = tiny_policy(V)
@@ -74,7 +74,7 @@ def test_non_finite_input_skips_only_its_minibatch(key, bad):
 
 
 def test_non_finite_loss_skips_the_update(monkeypatch):
-    from rlhf_train import ppo_update
+    from rlhf_train.algorithms import update as ppo_update
 
     real, calls = ppo_update.ppo_loss, []
 
@@ -99,7 +99,7 @@ def test_max_consecutive_faults_stops_without_touching_the_weights():
 
 
 def test_kl_controller_ignores_non_finite_kl():
-    from rlhf_train.kl_controllers import AdaptiveKLController
+    from rlhf_train.rewards.kl_controllers import AdaptiveKLController
 
     ctl = AdaptiveKLController(0.1, target=6.0, horizon=100)
     ctl.update(torch.tensor([float("nan"), float("inf")]))
@@ -111,7 +111,7 @@ def test_kl_controller_ignores_non_finite_kl():
 def test_whitening_ignores_faulty_rows():
     from accelerate import Accelerator
 
-    from rlhf_train.ppo_update import global_masked_whiten
+    from rlhf_train.algorithms.update import global_masked_whiten
 
     x = torch.randn(4, 5)
     x[0, 1] = float("nan")
@@ -127,7 +127,7 @@ def test_whitening_ignores_faulty_rows():
 # --------------------------------------------------------------------------------------------
 def _nan_scores_from(monkeypatch, iteration: int, rows=slice(0, 1)):
     """From rollout ``iteration`` on, the reward model scores ``rows`` NaN."""
-    from rlhf_train.rollout import RolloutFromModel
+    from rlhf_train.rollout.rollout_from_model import RolloutFromModel
 
     real, calls = RolloutFromModel._score, []
 
@@ -143,7 +143,7 @@ def _nan_scores_from(monkeypatch, iteration: int, rows=slice(0, 1)):
 
 
 def test_nan_reward_in_a_run_is_skipped_and_logged(tmp_path, monkeypatch):
-    from rlhf_train.trainer import train
+    from rlhf_train.loop.trainer import train
 
     _nan_scores_from(monkeypatch, iteration=2)  # one prompt of every batch from iteration 2 on
     out = train(make_cfg("trainer.num_iterations=2", "trainer.checkpoint_every=10"), tmp_path)
@@ -157,8 +157,8 @@ def test_nan_reward_in_a_run_is_skipped_and_logged(tmp_path, monkeypatch):
 def test_consecutive_faults_stop_the_run_with_a_checkpoint_of_the_last_good_state(tmp_path, monkeypatch):
     from safetensors.torch import load_file
 
-    from rlhf_train.checkpoint import read_trainer_state, verify_checkpoint
-    from rlhf_train.trainer import train
+    from rlhf_train.infra.checkpoint import read_trainer_state, verify_checkpoint
+    from rlhf_train.loop.trainer import train
 
     _nan_scores_from(monkeypatch, iteration=2, rows=slice(None))  # every reward NaN from iteration 2
     with pytest.raises(FloatingPointError) as exc:

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from rlhf_train.kl_controllers import AdaptiveKLController, ConstantKLController
+from rlhf_train.rewards.kl_controllers import AdaptiveKLController, ConstantKLController
 
 
 def test_constant_controller():

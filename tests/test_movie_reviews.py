@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from rlhf_train.data import movie_reviews as mr
-from rlhf_train.data.movie_reviews import (
+from rlhf_train.tasks.movie_reviews import data as mr
+from rlhf_train.tasks.movie_reviews.data import (
     EOS_TOKEN,
     PAD_TOKEN,
     SPLIT_NAMES,
@@ -20,7 +20,7 @@ from rlhf_train.data.movie_reviews import (
     split_reviews,
     train_tokenizer,
 )
-from rlhf_train.judge import SentimentJudge, train_judge
+from rlhf_train.tasks.movie_reviews.judge import SentimentJudge, train_judge
 
 EXPECTED_SIZES = {"sft_train": 9960, "rm_train": 6226, "judge_train": 3736, "validation": 1244, "test": 3736}
 
@@ -231,7 +231,7 @@ def test_judge_accuracy_independence_and_persistence(splits, tmp_path):
     # fitted on judge_train only: its training digest is that of judge_train[:600], and
     # changing rm_train changes nothing (same cache entry, same model)
     used = splits["judge_train"][:600]
-    from rlhf_train.judge import _digest
+    from rlhf_train.tasks.movie_reviews.judge import _digest
 
     assert judge.train_digest == _digest([r.text for r in used], [r.label for r in used])
     assert judge.n_train == 600

@@ -1,4 +1,4 @@
-"""The embedded-default pipeline (rlhf_train/pipeline.py), shrunken: SFT -> RM -> PPO -> evaluation.
+"""The embedded-default pipeline (rlhf_train/pipeline/), shrunken: SFT -> RM -> PPO -> evaluation.
 
 1. A few hundred rows, a few steps, a tiny model, a fixed seed: the pipeline writes summary.json (with
    the judge's rates, the RM score and the KL before/after), the plot, and PPO raises the RM score.
@@ -33,12 +33,12 @@ TINY = [
 
 
 def compose(*overrides: str):
-    import rlhf_train.data.prompts  # noqa: F401
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
-    from rlhf_train.schema import register_configs
+    import rlhf_train.data.prompts  # noqa: F401
+    from rlhf_train.config.schema import register_configs
 
     register_configs()
     GlobalHydra.instance().clear()
@@ -53,11 +53,11 @@ def cache(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def first_run(cache, tmp_path_factory):
-    from rlhf_train import pipeline
+    from rlhf_train.pipeline.run import run
 
     run_dir = tmp_path_factory.mktemp("run1")
     cfg = compose(*TINY, f"cache_dir={cache}")
-    value = pipeline.run(cfg, run_dir)
+    value = run(cfg, run_dir)
     return run_dir, json.loads((run_dir / "summary.json").read_text()), value
 
 
@@ -83,22 +83,22 @@ def test_pipeline_learns_and_reports(first_run):
 
 @pytest.mark.slow
 def test_second_run_reuses_every_stage(first_run, cache, tmp_path):
-    from rlhf_train import pipeline
+    from rlhf_train.pipeline.run import make_plan, run
 
     _, summary1, _ = first_run
-    pipeline.run(compose(*TINY, f"cache_dir={cache}"), tmp_path)
+    run(compose(*TINY, f"cache_dir={cache}"), tmp_path)
     summary2 = json.loads((tmp_path / "summary.json").read_text())
     assert all(summary2["timings"][s]["reused"] for s in ("sft", "rm", "ppo"))
     assert summary2["reward_after"] == pytest.approx(summary1["reward_after"], abs=1e-4)
     # a PPO-only change re-runs PPO alone; the single-stage recipes reuse SFT / RM
-    plan = pipeline.make_plan(compose(*TINY, f"cache_dir={cache}", "ppo.num_epochs=3"))
+    plan = make_plan(compose(*TINY, f"cache_dir={cache}", "ppo.num_epochs=3"))
     assert (plan["run_sft"], plan["run_rm"], plan["run_ppo"]) == (False, False, True)
-    plan = pipeline.make_plan(compose(*TINY, f"cache_dir={cache}", "+recipe=sentiment_rm"))
+    plan = make_plan(compose(*TINY, f"cache_dir={cache}", "+recipe=sentiment_rm"))
     assert plan["rm_dir"] == Path(summary1["stage_dirs"]["rm"]) and not plan["run_rm"]
 
 
 def test_stage_cache_builds_once_under_concurrency(tmp_path):
-    from rlhf_train.pipeline import cached_stage
+    from rlhf_train.pipeline.cache import cached_stage
 
     calls = []
 
@@ -135,9 +135,10 @@ def test_stage_cache_builds_once_under_concurrency(tmp_path):
     ("evaluation.num_prompts=0", "evaluation.num_prompts"),
 ])
 def test_bad_input_fails_before_any_stage(tmp_path, override, key):
-    from rlhf_train import pipeline
-    from rlhf_train.errors import ConfigError
+    from rlhf_train.pipeline.run import run
+
+    from rlhf_train.infra.errors import ConfigError
 
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
-        pipeline.run(compose(*TINY, f"cache_dir={tmp_path / 'cache'}", override), tmp_path / "run")
+        run(compose(*TINY, f"cache_dir={tmp_path / 'cache'}", override), tmp_path / "run")
     assert not (tmp_path / "cache" / "stages").exists()

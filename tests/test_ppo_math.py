@@ -5,19 +5,11 @@ import math
 import pytest
 import torch
 
-from rlhf_train.ppo_math import (
-    KL_ESTIMATORS,
-    entropy_from_logits,
-    gae,
-    kl_estimate,
-    logprobs_of_labels,
-    masked_mean,
-    masked_sum,
-    masked_var,
-    masked_whiten,
-    policy_loss,
-    value_loss,
-)
+from rlhf_train.core.advantages import gae
+from rlhf_train.core.kl import KL_ESTIMATORS, kl_estimate
+from rlhf_train.core.logprob_kernel import entropy_from_logits, logprobs_of_labels
+from rlhf_train.core.losses import policy_loss, value_loss
+from rlhf_train.core.masked import masked_mean, masked_sum, masked_var, masked_whiten
 
 LN2 = math.log(2.0)
 

@@ -20,7 +20,7 @@ def compose(*overrides: str):
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
-    from rlhf_train.schema import register_configs
+    from rlhf_train.config.schema import register_configs
 
     register_configs()
     with initialize_config_dir(config_dir=CONF, version_base="1.3"):
@@ -41,8 +41,8 @@ def local_ray():
 @pytest.mark.timeout(300)
 def test_ray_reference_gives_same_rewards(tmp_path, local_ray):
     """Same seed, same rewards, with π_ref in the Ray actor instead of in this process."""
-    from rlhf_train.ray_service import REFERENCE_DIR, default_actor_name
-    from rlhf_train.trainer import train
+    from rlhf_train.loop.trainer import train
+    from rlhf_train.models.ray_reference import REFERENCE_DIR, default_actor_name
 
     local = train(compose(), tmp_path / "local")
     served = train(compose("transforms.ref_logprob.use_ray_service=true",
@@ -69,8 +69,8 @@ def test_ray_actor_matches_in_process_log_probs(tmp_path, local_ray):
     """The actor's ``[B, T]`` log-probs are those of :func:`sequence_logprobs` on the same weights."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    from rlhf_train.models import sequence_logprobs
-    from rlhf_train.ray_service import LoadReference, ReferenceLogProbActor
+    from rlhf_train.models.ray_reference import LoadReference, ReferenceLogProbActor
+    from rlhf_train.models.scoring import sequence_logprobs
 
     torch.manual_seed(0)
     lm = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, n_positions=64, vocab_size=50)).eval()

@@ -27,7 +27,7 @@ SECRET = "sk-test-0123456789abcdef-secret"
 # metrics.csv: reproducible (no timings), full precision, truncated to the checkpoint on resume
 # --------------------------------------------------------------------------------------------
 def test_csv_logger_full_precision_timings_apart_and_resume_truncates(tmp_path):
-    from rlhf_train.logger import CSVLogger
+    from rlhf_train.infra.logger import CSVLogger
 
     x = float(torch.tensor(1 / 3, dtype=torch.float32))  # 0.3333333432674408: needs all 17 digits
     log = CSVLogger(tmp_path)
@@ -55,7 +55,7 @@ def test_csv_logger_full_precision_timings_apart_and_resume_truncates(tmp_path):
 def _save(run_dir, iteration, policy, optimizer, scheduler, keep=2):
     from accelerate import Accelerator
 
-    from rlhf_train.checkpoint import save_checkpoint
+    from rlhf_train.infra.checkpoint import save_checkpoint
 
     return save_checkpoint(run_dir, iteration, accelerator=Accelerator(cpu=True), policy=policy, optimizer=optimizer,
                            scheduler=scheduler, trainer_state={"iteration": iteration, "kl_controller": {}},
@@ -72,7 +72,7 @@ def _model_and_optim():
 def test_crash_mid_write_leaves_previous_checkpoint_latest(tmp_path, monkeypatch, capsys):
     from accelerate import Accelerator
 
-    from rlhf_train import checkpoint as ckpt
+    from rlhf_train.infra import checkpoint as ckpt
 
     policy, optimizer, scheduler = _model_and_optim()
     first = _save(tmp_path, 1, policy, optimizer, scheduler)
@@ -115,7 +115,7 @@ def test_crash_mid_write_leaves_previous_checkpoint_latest(tmp_path, monkeypatch
 
 
 def test_prune_keeps_newest_and_manifest(tmp_path):
-    from rlhf_train.checkpoint import list_checkpoints, verify_checkpoint
+    from rlhf_train.infra.checkpoint import list_checkpoints, verify_checkpoint
 
     policy, optimizer, scheduler = _model_and_optim()
     for it in (1, 2, 3):
@@ -131,8 +131,8 @@ def test_prune_keeps_newest_and_manifest(tmp_path):
 # --------------------------------------------------------------------------------------------
 @pytest.mark.skipif(threading.current_thread() is not threading.main_thread(), reason="signals need the main thread")
 def test_sigterm_checkpoint_resume_is_exact_and_keeps_wandb_id(tmp_path, monkeypatch, capsys):
-    from rlhf_train import trainer
-    from rlhf_train.checkpoint import read_trainer_state, verify_checkpoint
+    from rlhf_train.infra.checkpoint import read_trainer_state, verify_checkpoint
+    from rlhf_train.loop import trainer
 
     overrides = ["trainer.num_iterations=2", "trainer.checkpoint_every=10", "kl_controller=adaptive"]
     trainer.train(make_cfg(*overrides), tmp_path / "reference")
@@ -181,7 +181,7 @@ def test_sigterm_checkpoint_resume_is_exact_and_keeps_wandb_id(tmp_path, monkeyp
 
 
 def test_second_signal_exits_at_once(monkeypatch):
-    from rlhf_train import preemption
+    from rlhf_train.infra import preemption
 
     exits = []
     monkeypatch.setattr(preemption.os, "_exit", exits.append)
@@ -197,7 +197,7 @@ def test_second_signal_exits_at_once(monkeypatch):
 # --------------------------------------------------------------------------------------------
 @pytest.mark.slow
 def test_cli_sigterm_checkpoints_and_exits_143(tmp_path):
-    from rlhf_train.checkpoint import list_checkpoints, verify_checkpoint
+    from rlhf_train.infra.checkpoint import list_checkpoints, verify_checkpoint
 
     run = tmp_path / "run"
     cmd = [sys.executable, "-m", "rlhf_train", *FAST, "trainer.num_iterations=500", "trainer.checkpoint_every=400",
@@ -248,7 +248,7 @@ def test_source_loads_pickles_only_with_weights_only_and_no_remote_code():
             assert "weights_only=True" in call, f"{path}: {call}"
         assert not re.search(r"trust_remote_code\s*=\s*True", text), path
         assert "pickle.load" not in text, path
-    from rlhf_train import schema
+    from rlhf_train.config import schema
 
     for node in (schema.TokenizerSchema, schema.PolicySchema, schema.RefModelSchema, schema.RewardModelSchema):
         assert node.trust_remote_code is False

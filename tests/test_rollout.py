@@ -1,4 +1,4 @@
-"""``rlhf_train.rollout.RolloutFromModel`` against torchrl's, and the guarantees it adds.
+"""``rlhf_train.rollout.rollout_from_model.RolloutFromModel`` against torchrl's, and the guarantees it adds.
 
 1. Same generated tokens, same reward model → the same ``reward_raw``, ``reward_kl``, ``reward``, ``done``
    and ``terminated`` as torchrl's own ``RolloutFromModel.create_rollout_td`` (a tiny random GPT-2 with
@@ -26,7 +26,7 @@
 
 2. ``process_logits`` (the sampling distribution) equals transformers' Temperature/TopK/TopP warpers.
 3. The first PPO ratio is exactly 1 (temperature 0.7, and with top-k 5 / top-p 0.9), through
-   ``rlhf_train.ppo_update.ppo_loss`` on the first minibatch of a rollout.
+   ``rlhf_train.algorithms.update.ppo_loss`` on the first minibatch of a rollout.
 4. The rollout's ``kl_coef`` is always the KL controller's coefficient, across ``step_scheduler`` calls;
    the adaptive update gets the per-sequence KLs (mean over sequences, ``n_steps`` = sequences).
 
@@ -38,11 +38,20 @@ from omegaconf import OmegaConf
 from torchrl.envs.transforms import Compose
 from transformers import GPT2Config, GPT2LMHeadModel, GPT2Model
 
-from rlhf_train import ppo_math
-from rlhf_train.kl_controllers import AdaptiveKLController, ConstantKLController
-from rlhf_train.models import RewardModel, build_policy, build_reference, process_logits
-from rlhf_train.rollout import RolloutFromModel, left_pad
-from rlhf_train.transforms import KLDivergenceTransform, ReferenceModelLogProbTransform, RewardAdjustmentTransform
+from rlhf_train.core.advantages import gae
+from rlhf_train.core.containers import left_pad
+from rlhf_train.core.logprob_kernel import logprobs_of_labels
+from rlhf_train.core.masked import masked_whiten
+from rlhf_train.core.sampling import process_logits
+from rlhf_train.models.policy import build_policy, build_reference
+from rlhf_train.models.reward_model import RewardModel
+from rlhf_train.rewards.kl_controllers import AdaptiveKLController, ConstantKLController
+from rlhf_train.rewards.transforms import (
+    KLDivergenceTransform,
+    ReferenceModelLogProbTransform,
+    RewardAdjustmentTransform,
+)
+from rlhf_train.rollout.rollout_from_model import RolloutFromModel
 
 GPT2_EOS, GPT2_VOCAB = 50256, 50257
 
@@ -149,7 +158,12 @@ def test_matches_torchrl_rollout_from_model():
     (1.0, 0, 1.0), (0.7, 0, 1.0), (1.0, 5, 1.0), (1.0, 0, 0.9), (0.7, 5, 0.9), (1.3, 10, 0.5), (0.7, 0, 0.3),
 ])
 def test_process_logits_matches_hf_warpers(temperature, top_k, top_p):
-    from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+    from transformers import (
+        LogitsProcessorList,
+        TemperatureLogitsWarper,
+        TopKLogitsWarper,
+        TopPLogitsWarper,
+    )
 
     torch.manual_seed(0)
     logits = torch.randn(3, 5, 40) * 3
@@ -182,7 +196,7 @@ def small_policy(seed=0):
 
 @pytest.mark.parametrize("temperature, top_k, top_p", [(0.7, 0, 1.0), (0.7, 5, 0.9)])
 def test_first_ppo_ratio_is_exactly_one(temperature, top_k, top_p):
-    from rlhf_train.ppo_update import ppo_loss
+    from rlhf_train.algorithms.update import ppo_loss
 
     policy = small_policy()
     ref = build_reference(policy)
@@ -193,8 +207,8 @@ def test_first_ppo_ratio_is_exactly_one(temperature, top_k, top_p):
     td = rollout.rollout_from_data(left_padded_prompts(8, 6, V, low=2, pad=PAD))
     mask = td["masks", "response"]
     assert torch.isfinite(td["sample_log_prob"]).all()  # every sampled token is inside the top-k / top-p set
-    advantage, returns = ppo_math.gae(td["next", "reward"], td["values"], mask, 1.0, 0.95)
-    td.set("advantage", ppo_math.masked_whiten(advantage, mask))
+    advantage, returns = gae(td["next", "reward"], td["values"], mask, 1.0, 0.95)
+    td.set("advantage", masked_whiten(advantage, mask))
     td.set("returns", returns)
 
     cfg = OmegaConf.create({"rollout": {"temperature": temperature, "top_k": top_k, "top_p": top_p},
@@ -208,7 +222,7 @@ def test_first_ppo_ratio_is_exactly_one(temperature, top_k, top_p):
     full, full_mask, m = mb["tokens", "full"], mb["masks", "full"], mb["masks", "response"]
     with torch.no_grad():
         logits, _ = policy(full, full_mask, full.shape[1] - m.shape[1])
-    lp = ppo_math.logprobs_of_labels(process_logits(logits, temperature, top_k, top_p), mb["action"])
+    lp = logprobs_of_labels(process_logits(logits, temperature, top_k, top_p), mb["action"])
     assert ((lp - mb["sample_log_prob"]).abs() * m).max() < 1e-5
 
 

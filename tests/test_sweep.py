@@ -1,4 +1,4 @@
-"""Hydra multirun sweeps and the sweep report (rlhf_train/sweep.py).
+"""Hydra multirun sweeps and the sweep report (rlhf_train/pipeline/sweep.py).
 
 Budget: the two CLI sweeps take ~60 s + ~30 s on 2 quiet CPU cores (5 short smoke jobs, imports paid
 once per sweep); the rest is in-process and well under a second.
@@ -17,7 +17,13 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from rlhf_train import sweep
+from rlhf_train.infra.logger import in_multirun, wandb_names
+from rlhf_train.pipeline.sweep import (
+    collect_rows,
+    swept_keys,
+    write_final_metrics,
+    write_report,
+)
 
 # smoke recipe, cut down to one short PPO iteration per job
 FAST = ["+recipe=smoke", "logger=csv", "trainer.num_iterations=1", "trainer.progress_bar=false",
@@ -86,7 +92,7 @@ def _fake_job(sweep_dir: Path, num: int, overrides: list[str], status: str = "co
     if status == "completed":
         hist = [{"iteration": i, "objective/reward_raw": 0.1 * i + num, "objective/kl": 0.5 * i,
                  "objective/kl_coef": 0.1, "objective/kl_coef_next": 0.1} for i in (1, 2, 3)]
-        sweep.write_final_metrics(d, hist[-1], hist)
+        write_final_metrics(d, hist[-1], hist)
     if judge is not None:
         (d / "summary.json").write_text(json.dumps({"judge_positive_rate_before": 0.5, "judge_positive_rate_after": judge,
                                                     "timings": {"judge": {"wall_s": 1.0}}}))
@@ -95,10 +101,10 @@ def _fake_job(sweep_dir: Path, num: int, overrides: list[str], status: str = "co
 def test_report_from_job_dirs_includes_judge_and_failures(tmp_path):
     _fake_job(tmp_path, 0, ["+recipe=smoke", "kl_controller.kl_coef=0.1"], judge=0.75)
     _fake_job(tmp_path, 1, ["+recipe=smoke", "kl_controller.kl_coef=0.3"], status="failed")
-    swept = sweep.swept_keys(["+recipe=smoke", "kl_controller.kl_coef=0.1,0.3"])
-    rows, keys = sweep.collect_rows(tmp_path, swept)
+    swept = swept_keys(["+recipe=smoke", "kl_controller.kl_coef=0.1,0.3"])
+    rows, keys = collect_rows(tmp_path, swept)
     assert keys == ["kl_controller.kl_coef"]
-    sweep.write_report(tmp_path, rows, keys)
+    write_report(tmp_path, rows, keys)
     out = _rows(tmp_path)
     assert [(r["kl_controller.kl_coef"], r["status"], r["error"]) for r in out] == [
         ("0.1", "completed", ""), ("0.3", "failed", "boom")]
@@ -112,9 +118,9 @@ def test_wandb_group_and_name_in_multirun(tmp_path, monkeypatch):
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
-    from rlhf_train.logger import WandbLogger
+    from rlhf_train.infra.logger import WandbLogger
 
-    assert sweep.wandb_names("smoke") == (None, None)  # not in a multirun
+    assert wandb_names("smoke") == (None, None)  # not in a multirun
     hc = OmegaConf.create({"hydra": OmegaConf.structured(HydraConf)})
     hc.hydra.mode = RunMode.MULTIRUN
     hc.hydra.sweep.dir = str(tmp_path / "kl_sweep")
@@ -126,9 +132,9 @@ def test_wandb_group_and_name_in_multirun(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "wandb", fake)
     try:
         HydraConfig.instance().set_config(hc)
-        assert sweep.in_multirun()
-        assert sweep.wandb_names("smoke") == ("smoke-kl_sweep", "kl_controller.kl_coef=0.1")
-        assert sweep.wandb_names("kl") == ("kl_sweep", "kl_controller.kl_coef=0.1")
+        assert in_multirun()
+        assert wandb_names("smoke") == ("smoke-kl_sweep", "kl_controller.kl_coef=0.1")
+        assert wandb_names("kl") == ("kl_sweep", "kl_controller.kl_coef=0.1")
         log_cfg = OmegaConf.create({"kind": "wandb", "project": "p", "entity": None, "group": None, "name": None,
                                     "mode": "offline", "tags": []})
         WandbLogger(tmp_path, log_cfg, {"task_name": "smoke"})

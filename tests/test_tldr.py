@@ -30,8 +30,9 @@ def stand_ins(tmp_path_factory):
     import datasets
     import torch
 
-    from rlhf_train.data.tokenizers import movie_reviews_tokenizer
-    from rlhf_train.models import RewardModel, build_causal_lm
+    from rlhf_train.models.loading import build_causal_lm
+    from rlhf_train.models.reward_model import RewardModel
+    from rlhf_train.tasks.movie_reviews.tokenizer import movie_reviews_tokenizer
 
     root = tmp_path_factory.mktemp("tldr")
     tok = movie_reviews_tokenizer(cache_dir=None)
@@ -57,7 +58,7 @@ def local(root: Path) -> list[str]:
 
 
 def test_tldr_ppo_runs_one_iteration_with_local_stand_ins(stand_ins, tmp_path):
-    from rlhf_train import pipeline
+    from rlhf_train.pipeline.run import make_plan, run
 
     cfg = compose("+recipe=tldr_ppo", *local(stand_ins), f"policy.pretrained={stand_ins / 'policy'}",
                   f"reward_model.pretrained={stand_ins / 'rm'}", "trainer.num_iterations=1", "data.batch_size=4",
@@ -66,9 +67,9 @@ def test_tldr_ppo_runs_one_iteration_with_local_stand_ins(stand_ins, tmp_path):
     # the recipe carries the TL;DR hyper-parameters
     assert (cfg.kl_controller.init_kl_coef, cfg.kl_controller.target, cfg.kl_controller.horizon) == (0.1, 6.0, 10000)
     assert (cfg.rollout.score_clip, cfg.policy.dropout) == (10.0, 0.0)
-    plan = pipeline.make_plan(cfg)
+    plan = make_plan(cfg)
     assert plan["sft_key"] is None and plan["rm_key"] is None  # explicit dirs: no SFT / RM stage
-    pipeline.run(cfg, tmp_path)
+    run(cfg, tmp_path)
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["ppo_iterations"] == 1 and summary["num_prompts"] == 4
     assert "judge_positive_rate_after" not in summary  # no sentiment judge for summaries
@@ -76,15 +77,15 @@ def test_tldr_ppo_runs_one_iteration_with_local_stand_ins(stand_ins, tmp_path):
 
 
 def test_tldr_sft_and_rm_stages_on_local_stand_ins(stand_ins, tmp_path):
-    from rlhf_train import pipeline
+    from rlhf_train.pipeline.run import run
 
     few = ["sft.max_steps=2", "sft.batch_size=4", "sft.max_len=48", "sft.eval_every=2", "sft.max_eval_examples=4",
            f"sft.init={stand_ins / 'policy'}", f"sft.dataset={stand_ins / 'tldr'}",
            f"rm.dataset={stand_ins / 'comparisons'}", "rm.max_steps=2", "rm.batch_size=4", "rm.max_len=48",
            "rm.eval_every=2", "rm.max_eval_pairs=4"]
-    loss = pipeline.run(compose("+recipe=tldr_sft", *local(stand_ins), *few), tmp_path / "sft")
+    loss = run(compose("+recipe=tldr_sft", *local(stand_ins), *few), tmp_path / "sft")
     assert loss > 0
-    acc = pipeline.run(compose("+recipe=tldr_rm", *local(stand_ins), *few), tmp_path / "rm")
+    acc = run(compose("+recipe=tldr_rm", *local(stand_ins), *few), tmp_path / "rm")
     summary = json.loads((tmp_path / "rm" / "rm_summary.json").read_text())
     assert 0.0 <= acc <= 1.0 and summary["timings"]["sft"]["reused"]  # tldr_rm reuses tldr_sft's stage
 

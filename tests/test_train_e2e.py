@@ -1,4 +1,4 @@
-"""End to end, in process: ``rlhf_train.trainer.train`` on the smoke recipe, and training that works.
+"""End to end, in process: ``rlhf_train.loop.trainer.train`` on the smoke recipe, and training that works.
 
 1. The smoke recipe (tiny random policy and reward model, movie-review prompts) runs 2 iterations with
    the CSV logger: two rows of finite, namespaced metrics, a first PPO ratio of 1, checkpoints.
@@ -28,7 +28,7 @@ def compose(overrides):
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
-    from rlhf_train.schema import register_configs
+    from rlhf_train.config.schema import register_configs
 
     register_configs()
     GlobalHydra.instance().clear()
@@ -67,7 +67,7 @@ class TokenCountRewardModel(nn.Module):
 
 # --------------------------------------------------------------------------- 1. the smoke recipe
 def test_smoke_recipe_two_iterations(tmp_path):
-    from rlhf_train.trainer import train
+    from rlhf_train.loop.trainer import train
 
     cfg = compose(["+recipe=smoke", "logger=csv", "trainer.progress_bar=false"])
     out = train(cfg, tmp_path)
@@ -95,7 +95,7 @@ def test_smoke_recipe_two_iterations(tmp_path):
 
 # --------------------------------------------------------------------------- 2. training moves the reward
 def test_training_raises_the_reward(tmp_path):
-    from rlhf_train.trainer import train
+    from rlhf_train.loop.trainer import train
 
     cfg = compose([
         "+recipe=smoke", "logger=none", "trainer.progress_bar=false",

@@ -19,8 +19,8 @@ import torch
 from tensordict import TensorDict
 from torchrl.envs.transforms import Compose, Transform
 
-from rlhf_train.errors import ConfigError
-from rlhf_train.transforms import (
+from rlhf_train.infra.errors import ConfigError
+from rlhf_train.rewards.transforms import (
     KLConstrainedTransform,
     KLDivergenceTransform,
     KLRewardTransform,
@@ -190,7 +190,7 @@ def default_cfg():
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
-    from rlhf_train.schema import register_configs
+    from rlhf_train.config.schema import register_configs
 
     register_configs()
     GlobalHydra.instance().clear()
@@ -228,7 +228,7 @@ def test_yaml_stack_overrides_and_drops(default_cfg):
     cfg["eos_penalty"] = None  # `None` drops an entry, as `~transforms.eos_penalty` does
     assert len(build_transform_stack(cfg).transforms) == 5
     with pytest.raises(ConfigError, match=r"transforms\.reward"):
-        build_transform_stack({"reward": {"_target_": "rlhf_train.transforms.RewardAdjustmentTransform",
+        build_transform_stack({"reward": {"_target_": "rlhf_train.rewards.transforms.RewardAdjustmentTransform",
                                           "coeff": 0.1}})
 
 
@@ -271,7 +271,7 @@ def test_k1_k3_match_exact_kl_on_tiny_models():
     k1 and k3, so the paired difference (estimate − exact) has mean 0: checked within 4 standard errors."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    from rlhf_train.rollout import RolloutFromModel
+    from rlhf_train.rollout.rollout_from_model import RolloutFromModel
 
     V, P, T, N, eos = 50, 4, 8, 1000, 3
 

@@ -11,7 +11,7 @@ import os
 import torch
 from torch.utils.data import Dataset
 
-from rlhf_train.errors import ConfigError
+from rlhf_train.infra.errors import ConfigError
 
 
 class PromptDataset(Dataset):
@@ -42,27 +42,6 @@ class PromptDataset(Dataset):
 
 def _limit(n: int, max_prompts: int | None) -> int:
     return n if max_prompts is None else min(n, int(max_prompts))
-
-
-def movie_review_prompts(tokenizer, split: str = "test", min_prompt_tokens: int = 8, max_prompt_tokens: int = 16,
-                         max_prompts: int | None = None, seed: int = 0, prompt_baseline: bool = False,
-                         **_) -> PromptDataset:
-    """First 8–16 tokens of the reviews of one seeded split (default ``test``: never seen by RM or judge).
-
-    ``prompt_baseline``: the prompt alone is also the "reference" sequence, so the reward-shaping stack's
-    ``ReferenceBaseline`` pays ``RM(prompt + continuation) - RM(prompt)``: what the continuation added,
-    without the prompt's own sentiment (variance the policy cannot act on).
-    """
-    from rlhf_train.data.movie_reviews import SPLIT_NAMES, load_reviews, prompts, split_reviews
-
-    if split not in SPLIT_NAMES:
-        raise ConfigError(f"data.split='{split}' is not a movie-review split; choose one of {', '.join(SPLIT_NAMES)}")
-    reviews = split_reviews(load_reviews("imdb"), seed=seed)[split]
-    reviews = reviews[: _limit(len(reviews), max_prompts)]
-    p = prompts(tokenizer, reviews, min_tokens=min_prompt_tokens, max_tokens=max_prompt_tokens, seed=seed)
-    if prompt_baseline:  # left-padded prompt as the reference sequence (the RM reads positions from the mask)
-        return PromptDataset(p["input_ids"], p["attention_mask"], p["input_ids"], p["attention_mask"], text=p["text"])
-    return PromptDataset(p["input_ids"], p["attention_mask"], text=p["text"])
 
 
 def synthetic_prompts(tokenizer=None, min_prompt_tokens: int = 32, max_prompt_tokens: int = 64,

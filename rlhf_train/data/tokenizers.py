@@ -1,7 +1,7 @@
 """Tokenizer factories for the ``tokenizer`` config group."""
 from __future__ import annotations
 
-from rlhf_train.errors import ConfigError
+from rlhf_train.infra.errors import ConfigError
 
 
 def validate_tokenizer(tokenizer, override: str):
@@ -13,20 +13,11 @@ def validate_tokenizer(tokenizer, override: str):
     return tokenizer
 
 
-def movie_reviews_tokenizer(vocab_size: int = 8192, cache_dir: str | None = None, seed: int = 0, **_):
-    """The embedded default's byte-level BPE, trained on the ``sft_train`` reviews (cached)."""
-    from rlhf_train.data.movie_reviews import load_reviews, split_reviews, train_tokenizer
-
-    splits = split_reviews(load_reviews("imdb"), seed=seed)
-    tok = train_tokenizer([r.text for r in splits["sft_train"]], vocab_size=vocab_size, cache_dir=cache_dir)
-    return validate_tokenizer(tok, "tokenizer=...")
-
-
 def pretrained_tokenizer(pretrained: str, trust_remote_code: bool = False, **_):
     """A Hugging Face tokenizer from a local dir, or a hub name already in the local cache."""
     from transformers import AutoTokenizer
 
-    from rlhf_train.models import check_loadable
+    from rlhf_train.models.loading import check_loadable
 
     path = check_loadable(pretrained, "tokenizer.pretrained", "tokenizer")
     tok = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)

@@ -1,0 +1,281 @@
+"""Structured-config schemas: dataclasses registered in Hydra's ConfigStore.
+
+Each YAML option of a config group starts with ``defaults: [<group>_schema, _self_]`` (or a more
+specific schema), so Hydra type-checks it at start: an unknown key or a value of the wrong type fails
+with Hydra's one-line message naming the key, before any work is done. The meaning of every key is
+documented in the YAML files under ``conf/``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
+
+
+# ---------------------------------------------------------------- models
+@dataclass
+class TokenizerSchema:
+    _target_: str = MISSING
+    pretrained: Optional[str] = None
+    vocab_size: int = 8192
+    cache_dir: str = "${cache_dir}"
+    seed: int = 0
+    trust_remote_code: bool = False
+
+
+@dataclass
+class PolicySchema:
+    _target_: str = "rlhf_train.models.policy.build_policy"
+    pretrained: Optional[str] = None
+    config: Dict[str, Any] = field(default_factory=dict)
+    trust_remote_code: bool = False
+    dropout: Optional[float] = 0.0
+    value_head_init_std: float = 0.0
+    gradient_checkpointing: bool = False
+
+
+@dataclass
+class RefModelSchema:
+    _target_: str = "rlhf_train.models.policy.build_reference"
+    pretrained: Optional[str] = None
+    copy_policy: bool = True
+    trust_remote_code: bool = False
+    device: Optional[str] = None
+
+
+@dataclass
+class RewardModelSchema:
+    _target_: str = "rlhf_train.models.reward_model.build_reward_model"
+    pretrained: Optional[str] = None
+    config: Dict[str, Any] = field(default_factory=dict)
+    trust_remote_code: bool = False
+    device: Optional[str] = None
+
+
+# ---------------------------------------------------------------- KL controllers
+@dataclass
+class ConstantKLSchema:
+    _target_: str = "rlhf_train.rewards.kl_controllers.ConstantKLController"
+    kl_coef: float = 0.05
+
+
+@dataclass
+class AdaptiveKLSchema:
+    _target_: str = "rlhf_train.rewards.kl_controllers.AdaptiveKLController"
+    init_kl_coef: float = 0.1
+    target: float = 6.0
+    horizon: int = 10000
+
+
+# ---------------------------------------------------------------- data / rollout / PPO
+@dataclass
+class DataSchema:
+    _target_: str = MISSING
+    batch_size: int = 32
+    split: str = "test"
+    min_prompt_tokens: int = 8
+    max_prompt_tokens: int = 16
+    max_prompts: Optional[int] = None
+    seed: int = 0
+    dataset: Optional[str] = None
+    max_prompt_length: int = 512
+    num_workers: int = 0
+    prompt_baseline: bool = False
+
+
+@dataclass
+class RolloutSchema:
+    max_new_tokens: int = 50
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    do_sample: bool = True
+    score_clip: Optional[float] = 10.0
+    logprob_batch_size: Optional[int] = None
+
+
+@dataclass
+class PPOSchema:
+    num_epochs: int = 4
+    minibatch_size: int = 16
+    gradient_accumulation_steps: int = 1
+    clip_eps: float = 0.2
+    clip_eps_value: float = 0.2
+    vf_coef: float = 0.1
+    ent_coef: float = 0.0
+    gamma: float = 1.0
+    lam: float = 0.95
+    whiten_advantages: bool = True
+    max_grad_norm: Optional[float] = 1.0
+
+
+@dataclass
+class OptimizerSchema:
+    _target_: str = "torch.optim.AdamW"
+    lr: float = 1e-5
+    betas: List[float] = field(default_factory=lambda: [0.9, 0.999])
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+    fused: Optional[bool] = None
+
+
+@dataclass
+class SchedulerSchema:
+    name: str = "constant"
+    warmup_steps: int = 0
+
+
+@dataclass
+class TrainerSchema:
+    num_iterations: int = 100
+    seed: int = 0
+    checkpoint_every: int = 50
+    samples_every: int = 10
+    keep_checkpoints: int = 2
+    resume: Optional[str] = None
+    max_consecutive_faults: int = 3
+    mixed_precision: Optional[str] = None
+    cpu: bool = False
+    num_threads: Optional[int] = None
+    progress_bar: bool = True
+
+
+@dataclass
+class LoggerSchema:
+    kind: str = MISSING
+    project: str = "rlhf_train"
+    entity: Optional[str] = None
+    group: Optional[str] = None
+    name: Optional[str] = None
+    mode: str = "auto"
+    tags: List[str] = field(default_factory=list)
+
+
+# ---------------------------------------------------------------- stages of the pipeline (rlhf_train/pipeline.py)
+@dataclass
+class SFTSchema:
+    source: str = "movie_reviews"
+    dataset: Optional[str] = None
+    train_split: str = "train"
+    val_split: str = "valid"
+    init: Optional[str] = None
+    max_len: int = 64
+    batch_size: int = 32
+    max_steps: int = 600
+    lr: float = 1e-3
+    betas: List[float] = field(default_factory=lambda: [0.9, 0.95])
+    weight_decay: float = 0.0
+    warmup_steps: int = 50
+    min_lr_ratio: float = 0.1
+    grad_clip: Optional[float] = 1.0
+    dropout: Optional[float] = 0.0
+    eval_every: int = 200
+    eval_batch_size: int = 64
+    max_train_examples: Optional[int] = None
+    max_eval_examples: Optional[int] = None
+    seed: int = 0
+
+
+@dataclass
+class RMSchema:
+    source: str = "movie_reviews"
+    dataset: Optional[str] = None
+    train_split: str = "train"
+    val_split: str = "valid1"
+    backbone: str = "sft"
+    freeze_backbone: bool = False
+    encoder_max_length: int = 128
+    max_len: int = 64
+    batch_size: int = 32
+    max_steps: int = 300
+    lr: float = 3e-4
+    betas: List[float] = field(default_factory=lambda: [0.9, 0.95])
+    weight_decay: float = 0.0
+    warmup_steps: int = 20
+    min_lr_ratio: float = 0.1
+    grad_clip: Optional[float] = 1.0
+    dropout: Optional[float] = 0.0
+    eval_every: int = 100
+    eval_batch_size: int = 64
+    max_train_pairs: Optional[int] = None
+    max_eval_pairs: Optional[int] = None
+    normalize: bool = True
+    seed: int = 0
+
+
+@dataclass
+class EvaluationSchema:
+    enabled: bool = True
+    split: str = "validation"
+    num_prompts: int = 256
+    batch_size: int = 64
+    num_samples_shown: int = 4
+    judge: bool = True
+    plot: bool = True
+    seed: int = 0
+
+
+@dataclass
+class Config:
+    stage: str = "pipeline"
+    cache_dir: str = "${oc.env:RLHF_TRAIN_CACHE,${oc.env:HOME}/.cache/rlhf_train}"
+    task_name: str = "rlhf"
+    tokenizer: Any = MISSING
+    policy: Any = MISSING
+    ref_model: Any = MISSING
+    reward_model: Any = MISSING
+    kl_controller: Any = MISSING
+    transforms: Any = MISSING
+    data: Any = MISSING
+    rollout: Any = MISSING
+    ppo: Any = MISSING
+    optimizer: Any = MISSING
+    scheduler: Any = MISSING
+    trainer: Any = MISSING
+    logger: Any = MISSING
+    sft: Any = MISSING
+    rm: Any = MISSING
+    evaluation: Any = MISSING
+
+
+def launch_time(pattern: str) -> str:
+    """``${launch_time:%Y-%m-%d_%H-%M-%S}`` (``hydra.run.dir``): Hydra's ``${now:...}``, except that under
+    ``accelerate launch`` / ``torchrun`` it is the launcher's start time, so all processes of one launch
+    agree on the run dir (each process's own clock may be a second apart)."""
+    import os
+    from datetime import datetime
+
+    if "LOCAL_RANK" in os.environ:
+        try:
+            import psutil
+
+            return datetime.fromtimestamp(psutil.Process(os.getppid()).create_time()).strftime(pattern)
+        except Exception:  # no psutil / no access: this process's clock
+            pass
+    return datetime.now().strftime(pattern)
+
+
+def register_configs() -> None:
+    from omegaconf import OmegaConf
+
+    OmegaConf.register_new_resolver("launch_time", launch_time, use_cache=True, replace=True)
+    cs = ConfigStore.instance()
+    cs.store(name="config_schema", node=Config)
+    cs.store(group="tokenizer", name="tokenizer_schema", node=TokenizerSchema)
+    cs.store(group="policy", name="policy_schema", node=PolicySchema)
+    cs.store(group="ref_model", name="ref_model_schema", node=RefModelSchema)
+    cs.store(group="reward_model", name="reward_model_schema", node=RewardModelSchema)
+    cs.store(group="kl_controller", name="constant_schema", node=ConstantKLSchema)
+    cs.store(group="kl_controller", name="adaptive_schema", node=AdaptiveKLSchema)
+    cs.store(group="data", name="data_schema", node=DataSchema)
+    cs.store(group="rollout", name="rollout_schema", node=RolloutSchema)
+    cs.store(group="ppo", name="ppo_schema", node=PPOSchema)
+    cs.store(group="optimizer", name="optimizer_schema", node=OptimizerSchema)
+    cs.store(group="scheduler", name="scheduler_schema", node=SchedulerSchema)
+    cs.store(group="trainer", name="trainer_schema", node=TrainerSchema)
+    cs.store(group="logger", name="logger_schema", node=LoggerSchema)
+    cs.store(group="sft", name="sft_schema", node=SFTSchema)
+    cs.store(group="rm", name="rm_schema", node=RMSchema)
+    cs.store(group="evaluation", name="evaluation_schema", node=EvaluationSchema)

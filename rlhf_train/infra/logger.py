@@ -1,0 +1,223 @@
+"""Metric loggers: W&B (default), CSV, none. Only the main process creates one.
+
+* ``wandb``: with no credentials or no network, W&B runs offline and says so in one line; its files
+  land in the run dir. A resumed run continues the same W&B run (the id is kept in checkpoints).
+  In a Hydra multirun, unless ``logger.group`` / ``logger.name`` are set, the jobs join one group named
+  after the sweep and each run is named by its overrides (:func:`rlhf_train.infra.logger.wandb_names`).
+* ``csv``: ``metrics.csv`` in the run dir, one row per iteration, an ``iteration`` column and one column
+  per metric (``time/*`` in ``timings.csv``, so that ``metrics.csv`` is reproducible); samples go to
+  ``samples.jsonl``.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import os
+import socket
+from pathlib import Path
+from typing import Any
+
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
+
+SECRET_KEYS = ("api_key", "token", "password", "secret")
+
+
+def redact(obj: Any) -> Any:
+    """Drop values of secret-looking keys from a (nested) config dict before logging or saving it."""
+    if isinstance(obj, dict):
+        return {k: ("<redacted>" if any(s in str(k).lower() for s in SECRET_KEYS) else redact(v)) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [redact(v) for v in obj]
+    return obj
+
+
+class NullLogger:
+    run_id: str | None = None
+
+    def log(self, metrics: dict, step: int) -> None: ...
+
+    def log_samples(self, rows: list[dict], step: int) -> None: ...
+
+    def finish(self) -> None: ...
+
+
+class CSVLogger(NullLogger):
+    """``metrics.csv`` + ``timings.csv`` + ``samples.jsonl`` in the run dir.
+
+    ``metrics.csv``: one row per iteration, rewritten each iteration so new columns simply appear; values
+    are written with full precision (``repr`` of the float, which reads back bit for bit). The ``time/*``
+    metrics go to ``timings.csv`` instead: wall-clock times differ from run to run, and a resumed run must
+    reproduce ``metrics.csv`` exactly. On resume, every file keeps the rows up to the checkpoint's
+    iteration and drops the rest (they were logged after the checkpoint and will be logged again).
+    A fresh run replaces any files left in the run dir.
+    """
+
+    def __init__(self, run_dir: str | Path, resume_iteration: int | None = None):
+        run_dir = Path(run_dir)
+        self.path, self.timings_path = run_dir / "metrics.csv", run_dir / "timings.csv"
+        self.samples_path = run_dir / "samples.jsonl"
+        keep = (lambda it: int(it) <= resume_iteration) if resume_iteration is not None else (lambda it: False)
+        self.rows = _read_csv(self.path, keep)
+        self.timing_rows = _read_csv(self.timings_path, keep)
+        samples = self.samples_path.read_text().splitlines(keepends=True) if self.samples_path.exists() else []
+        _replace_text(self.samples_path, "".join(ln.rstrip("\n") + "\n" for ln in samples if keep(_sample_iteration(ln))))
+        _write_csv(self.path, self.rows)
+        _write_csv(self.timings_path, self.timing_rows)
+
+    def log(self, metrics: dict, step: int) -> None:
+        timings = {k: _num(v) for k, v in metrics.items() if k.startswith("time/")}
+        self.rows.append({"iteration": step, **{k: _num(v) for k, v in metrics.items() if k not in timings}})
+        _write_csv(self.path, self.rows)
+        if timings:
+            self.timing_rows.append({"iteration": step, **timings})
+            _write_csv(self.timings_path, self.timing_rows)
+
+    def log_samples(self, rows: list[dict], step: int) -> None:
+        with open(self.samples_path, "a") as f:
+            for r in rows:
+                f.write(json.dumps({"iteration": step, **r}) + "\n")
+
+
+def _sample_iteration(line: str) -> int:
+    """The iteration of one ``samples.jsonl`` line; a line cut short by a kill counts as "after"."""
+    try:
+        return int(json.loads(line)["iteration"])
+    except (ValueError, KeyError, TypeError):
+        return 1 << 62
+
+
+def _read_csv(path: Path, keep) -> list[dict]:
+    if not path.exists():
+        return []
+    with open(path, newline="") as f:
+        return [r for r in csv.DictReader(f) if keep(r["iteration"])]
+
+
+def _replace_text(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` atomically (temp file + rename); an empty text removes the file."""
+    if not text:
+        path.unlink(missing_ok=True)
+        return
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def _write_csv(path: Path, rows: list[dict]) -> None:
+    """``rows`` as CSV (an ``iteration`` column, then the union of the rows' keys, sorted), atomically."""
+    if not rows:
+        path.unlink(missing_ok=True)
+        return
+    import io
+
+    columns = ["iteration"] + sorted({k for r in rows for k in r} - {"iteration"})
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=columns, lineterminator="\n")
+    writer.writeheader()
+    writer.writerows({k: (repr(v) if isinstance(v, float) else v) for k, v in r.items()} for r in rows)
+    _replace_text(path, buf.getvalue())
+
+
+def _num(v: Any) -> Any:
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return v
+
+
+def _wandb_reachable(timeout: float = 2.0) -> bool:
+    host = os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai").split("://")[-1].split("/")[0]
+    try:
+        socket.create_connection((host.split(":")[0], 443), timeout=timeout).close()
+        return True
+    except OSError:
+        return False
+
+
+def _wandb_logged_in() -> bool:
+    if os.environ.get("WANDB_API_KEY"):
+        return True
+    try:
+        import netrc
+
+        return netrc.netrc().authenticators("api.wandb.ai") is not None
+    except Exception:
+        return False
+
+
+class WandbLogger(NullLogger):
+    def __init__(self, run_dir: str | Path, cfg, config: dict, resume_id: str | None = None):
+        import wandb
+
+        mode = cfg.mode
+        if mode == "auto":
+            mode = "online" if _wandb_logged_in() and _wandb_reachable() else "offline"
+            if mode == "offline":
+                print(f"[rlhf_train] W&B: no credentials or no network; logging offline to {run_dir}/wandb "
+                      f"(sync later with `wandb sync {run_dir}/wandb/offline-run-*`)")
+        os.environ.setdefault("WANDB_SILENT", "true")
+        self.wandb = wandb
+        from rlhf_train.infra.logger import wandb_names
+
+        sweep_group, job_name = wandb_names(config.get("task_name"))  # multirun: group = sweep, name = overrides
+        self.run = wandb.init(
+            project=cfg.project, entity=cfg.entity, group=cfg.group or sweep_group, name=cfg.name or job_name,
+            tags=list(cfg.tags),
+            config=redact(config), dir=str(run_dir), mode=mode, id=resume_id,
+            resume="allow" if resume_id else None,
+            settings=wandb.Settings(init_timeout=60, console="off"),
+        )
+        self.run_id = self.run.id
+        self.table_rows: list[list] = []
+
+    def log(self, metrics: dict, step: int) -> None:
+        self.run.log({k: _num(v) for k, v in metrics.items()}, step=step)
+
+    def log_samples(self, rows: list[dict], step: int) -> None:
+        if not rows:
+            return
+        columns = ["iteration"] + list(rows[0])
+        self.table_rows += [[step] + list(r.values()) for r in rows]
+        self.run.log({"samples": self.wandb.Table(columns=columns, data=self.table_rows)}, step=step)
+
+    def finish(self) -> None:
+        self.run.finish()
+
+
+def build_logger(cfg, run_dir: str | Path, config: dict, resume_iteration: int | None = None,
+                 resume_id: str | None = None):
+    kind = cfg.kind
+    if kind == "wandb":
+        return WandbLogger(run_dir, cfg, config, resume_id)
+    if kind == "csv":
+        return CSVLogger(run_dir, resume_iteration)
+    if kind == "none":
+        return NullLogger()
+    raise ValueError(f"logger.kind='{kind}' is not valid; choose one of wandb, csv, none")
+
+
+# --------------------------------------------------------------------------------------------
+# Inside a job
+# --------------------------------------------------------------------------------------------
+def in_multirun() -> bool:
+    """True inside a job of ``python -m rlhf_train -m ...``."""
+    try:
+        return HydraConfig.get().mode == RunMode.MULTIRUN
+    except ValueError:  # not under @hydra.main
+        return False
+
+
+def wandb_names(task_name: str | None = None) -> tuple[str | None, str | None]:
+    """``(group, name)`` of a multirun job's W&B run: the sweep's name and the job's overrides.
+
+    The sweep's name is the sweep dir's base name, prefixed by ``task_name`` unless it already says it
+    (the default sweep dir ``multirun/<task>/<date>_<time>`` gives ``<task>-<date>_<time>``).
+    ``(None, None)`` outside a multirun.
+    """
+    if not in_multirun():
+        return None, None
+    hc = HydraConfig.get()
+    sweep = Path(str(hc.sweep.dir)).resolve().name
+    group = sweep if (not task_name or task_name in sweep) else f"{task_name}-{sweep}"
+    return group, hc.job.override_dirname or f"job{hc.job.num}"

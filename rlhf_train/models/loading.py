@@ -1,0 +1,105 @@
+"""The three models of RLHF: the policy (with its value head), the frozen reference, the reward model.
+
+All three are ordinary ``transformers`` models. rlhf_train adds two small heads on top of a
+transformer trunk and one rule: every per-token quantity (log-probs, values, reference log-probs,
+rewards) comes from **one forward pass over prompt + response**, with logits computed only at the
+response positions (the LM head is the most expensive matmul for small models with big vocabularies).
+"""
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from torch import nn
+
+from rlhf_train.infra.errors import ConfigError
+
+
+# --------------------------------------------------------------------------------------------
+# Loading: local paths or hub names; offline hub names fail at start with the override to set.
+# --------------------------------------------------------------------------------------------
+def _is_local(path: str) -> bool:
+    return os.path.isdir(os.path.expanduser(str(path)))
+
+
+def check_loadable(name_or_path: str, override: str, what: str = "model") -> str:
+    """Return a local path or a hub name that is already in the local HF cache; else one clear error.
+
+    ``override`` is the config key a user sets to point at a local copy (e.g. ``policy.pretrained``).
+    """
+    if _is_local(name_or_path):
+        return os.path.expanduser(str(name_or_path))
+    try:
+        from huggingface_hub import snapshot_download
+
+        # local_files_only: never touch the network here; a cached snapshot is fine
+        return snapshot_download(str(name_or_path), local_files_only=True)
+    except Exception:
+        pass
+    if os.path.exists(os.path.expanduser(str(name_or_path))):
+        raise ConfigError(f"{what} path '{name_or_path}' is not a directory; set {override}=<a local model dir>")
+    raise ConfigError(
+        f"cannot load {what} '{name_or_path}': it is not a local directory and is not in the local "
+        f"Hugging Face cache (offline?). Download it on a machine with network access and set "
+        f"{override}=/path/to/local/{str(name_or_path).split('/')[-1]}"
+    )
+
+
+def _apply_special_tokens(config, tokenizer) -> None:
+    """EOS / pad / BOS ids come from the tokenizer, never from a constant."""
+    if tokenizer is None:
+        return
+    config.eos_token_id = tokenizer.eos_token_id
+    config.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    config.bos_token_id = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
+
+
+def build_causal_lm(
+    pretrained: str | None = None,
+    config: dict | None = None,
+    tokenizer: Any = None,
+    trust_remote_code: bool = False,
+    dropout: float | None = 0.0,
+    override_key: str = "policy.pretrained",
+) -> nn.Module:
+    """A ``transformers`` causal LM: from ``pretrained`` (local dir or hub name) or built from ``config``.
+
+    ``config`` holds ``GPT2Config`` keyword arguments (``n_layer``, ``n_embd``, ``n_head``,
+    ``n_positions``); its vocabulary size and special-token ids are taken from the tokenizer.
+    ``dropout`` (default 0: RLHF wants a deterministic policy, see the N+ implementation details)
+    overrides every dropout probability of the model config.
+    """
+    from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel
+
+    if pretrained:
+        path = check_loadable(pretrained, override_key)
+        kwargs = {}
+        if dropout is not None:
+            kwargs = {k: dropout for k in ("resid_pdrop", "embd_pdrop", "attn_pdrop", "dropout",
+                                           "attention_dropout", "hidden_dropout")}
+        from transformers import AutoConfig
+
+        cfg = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+        kwargs = {k: v for k, v in kwargs.items() if hasattr(cfg, k)}
+        model = AutoModelForCausalLM.from_pretrained(path, trust_remote_code=trust_remote_code, **kwargs)
+    else:
+        cfg_kwargs = dict(config or {})
+        if tokenizer is not None:
+            cfg_kwargs["vocab_size"] = len(tokenizer)
+            cfg_kwargs["eos_token_id"] = tokenizer.eos_token_id
+            cfg_kwargs["bos_token_id"] = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
+            cfg_kwargs["pad_token_id"] = tokenizer.pad_token_id
+        if dropout is not None:
+            cfg_kwargs.update(resid_pdrop=dropout, embd_pdrop=dropout, attn_pdrop=dropout)
+        model = GPT2LMHeadModel(GPT2Config(**cfg_kwargs))
+    _apply_special_tokens(model.config, tokenizer)
+    _apply_special_tokens(model.generation_config, tokenizer)
+    return model
+
+
+def context_length(lm: nn.Module) -> int | None:
+    cfg = lm.config
+    for key in ("n_positions", "max_position_embeddings", "n_ctx"):
+        if getattr(cfg, key, None):
+            return int(getattr(cfg, key))
+    return None

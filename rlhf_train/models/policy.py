@@ -1,0 +1,107 @@
+"""The three models of RLHF: the policy (with its value head), the frozen reference, the reward model.
+
+All three are ordinary ``transformers`` models. rlhf_train adds two small heads on top of a
+transformer trunk and one rule: every per-token quantity (log-probs, values, reference log-probs,
+rewards) comes from **one forward pass over prompt + response**, with logits computed only at the
+response positions (the LM head is the most expensive matmul for small models with big vocabularies).
+"""
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+from torch import nn
+
+from rlhf_train.infra.errors import ConfigError
+from rlhf_train.models.loading import build_causal_lm
+from rlhf_train.models.scoring import (
+    lm_trunk_and_head,
+    response_hidden,
+    response_logprobs,
+)
+
+
+class ValueHead(nn.Module):
+    """``V(s_t)``: a linear map from the trunk's hidden state ``[B, T, H]`` to a scalar ``[B, T]``."""
+
+    def __init__(self, hidden_size: int, init_std: float = 0.0):
+        super().__init__()
+        self.summary = nn.Linear(hidden_size, 1)
+        nn.init.normal_(self.summary.weight, std=init_std) if init_std > 0 else nn.init.zeros_(self.summary.weight)
+        nn.init.zeros_(self.summary.bias)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.summary(hidden.float()).squeeze(-1)
+
+
+class PolicyWithValue(nn.Module):
+    """The PPO actor-critic: a causal LM and a value head sharing its transformer trunk.
+
+    ``forward(full, full_mask, prompt_len)`` returns ``logits [B, T, V]`` (raw, at response positions
+    only) and ``values [B, T]`` from one pass; ``generate`` is the LM's own KV-cached ``generate``.
+    """
+
+    def __init__(self, lm: nn.Module, value_head: ValueHead):
+        super().__init__()
+        self.lm = lm
+        self.value_head = value_head
+
+    @property
+    def config(self):
+        return self.lm.config
+
+    def forward(self, full: torch.Tensor, full_mask: torch.Tensor, prompt_len: int, labels: torch.Tensor | None = None,
+                temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, with_entropy: bool = True):
+        """``(logits [B, T, V], values [B, T])``; with ``labels [B, T]`` (the response tokens) instead
+        ``(log_probs [B, T], entropy [B, T] or None, values [B, T])`` under the sampling distribution
+        (temperature, top-k, top-p), without keeping more than one ``[B, T, V]`` tensor (see
+        :func:`response_logprobs`). Both go through ``forward``, so DDP/FSDP wrappers see them."""
+        trunk, head = lm_trunk_and_head(self.lm)
+        hidden = response_hidden(trunk, full, full_mask, prompt_len)
+        values = self.value_head(hidden)
+        if labels is None:
+            return head(hidden), values
+        log_probs, entropy = response_logprobs(hidden, head, labels, temperature, top_k, top_p, with_entropy)
+        return log_probs, entropy, values
+
+    def generate(self, *args, **kwargs):
+        return self.lm.generate(*args, **kwargs)
+
+
+def build_policy(
+    tokenizer: Any = None,
+    pretrained: str | None = None,
+    config: dict | None = None,
+    trust_remote_code: bool = False,
+    dropout: float | None = 0.0,
+    value_head_init_std: float = 0.0,
+    gradient_checkpointing: bool = False,
+) -> PolicyWithValue:
+    """The policy: a causal LM (see :func:`build_causal_lm`) plus a value head on its trunk."""
+    lm = build_causal_lm(pretrained, config, tokenizer, trust_remote_code, dropout, "policy.pretrained")
+    if gradient_checkpointing:
+        lm.gradient_checkpointing_enable()
+    return PolicyWithValue(lm, ValueHead(lm.config.hidden_size, value_head_init_std))
+
+
+def build_reference(
+    policy: PolicyWithValue | None = None,
+    tokenizer: Any = None,
+    pretrained: str | None = None,
+    copy_policy: bool = True,
+    trust_remote_code: bool = False,
+    device: str | None = None,
+) -> nn.Module:
+    """The frozen reference policy π_ref: a copy of the initial policy LM, or loaded from ``pretrained``.
+
+    ``device`` is where it will run (placed by the trainer; ``None`` = the policy's device).
+    """
+    if pretrained:
+        ref = build_causal_lm(pretrained, None, tokenizer, trust_remote_code, 0.0, "ref_model.pretrained")
+    elif copy_policy and policy is not None:
+        ref = copy.deepcopy(policy.lm)
+    else:
+        raise ConfigError("ref_model: set ref_model.copy_policy=true or ref_model.pretrained=<path>")
+    ref.eval().requires_grad_(False)
+    return ref

