@@ -18,6 +18,11 @@ a last line summarises:
 """
 from __future__ import annotations
 
+import os
+
+# the CPU defaults of `python -m rlhf_train` (why: rlhf_train/__main__.py), set before torch is imported
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE"), os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
+
 import argparse
 import json
 import os

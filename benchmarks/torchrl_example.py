@@ -79,6 +79,11 @@ Kept as in the example although questionable (they do not change the amount of w
 
 from __future__ import annotations
 
+import os
+
+# the CPU defaults of `python -m rlhf_train` (why: rlhf_train/__main__.py), set before torch is imported
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE"), os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
+
 import argparse
 import json
 import os

@@ -1,13 +1,29 @@
-"""``python -m rlhf_train [+recipe=NAME] [key=value ...]``: the Hydra entry point."""
+"""``python -m rlhf_train [+recipe=NAME] [key=value ...]``: the Hydra entry point.
+
+With no ``recipe=`` / ``+recipe=`` override it runs the embedded default: ``+recipe=default`` is added
+to the command line (so ``.hydra/overrides.yaml`` shows it); ``conf/config.yaml`` alone is generic.
+"""
 from __future__ import annotations
 
 import os
 import sys
 
-import hydra
-from omegaconf import DictConfig
+# CPU defaults, set before torch is imported (both are read once); export either variable to override.
+# * PyTorch's CPU allocator backs large tensors with transparent huge pages: the LM head's [tokens, V]
+#   logits are hundreds of MB, allocated afresh every minibatch, and with 4 KB pages each allocation
+#   costs ~40k page faults: 0.10 s per 160 MB on a 2-core CPU, 0.02 s with huge pages.
+# * OpenMP threads that wait at a barrier sleep instead of spinning. Every multi-threaded op ends at a
+#   barrier; on a CPU shared with other processes a spinning thread burns the time slice its partner
+#   needs, and a 2-thread PPO iteration took 11-43 s instead of 6.5-8.6 s (load average 3.5-6 on 2 cores).
+# Set here, in the command-line entry point (and at the top of each benchmarks/ script), not on
+# `import rlhf_train`: a library import leaves the host process's environment alone.
+os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from rlhf_train.config.schema import register_configs
+import hydra  # noqa: E402  (after the CPU defaults)
+from omegaconf import DictConfig  # noqa: E402
+
+from rlhf_train.config.schema import register_configs  # noqa: E402
 
 register_configs()
 
@@ -17,6 +33,17 @@ def _process_rank() -> int:
         if key in os.environ:
             return int(os.environ[key])
     return 0
+
+
+DEFAULT_RECIPE = "default"  # conf/recipe/default.yaml: the embedded default
+
+
+def default_recipe_overrides(argv: list[str]) -> list[str]:
+    """``["+recipe=default"]`` when the command line selects no recipe (``recipe=``, ``+recipe=``,
+    ``++recipe=``), else ``[]``: ``python -m rlhf_train`` alone runs the embedded default."""
+    if any(a.lstrip("+").startswith("recipe=") for a in argv):
+        return []
+    return [f"+recipe={DEFAULT_RECIPE}"]
 
 
 def non_main_process_overrides(argv: list[str]) -> list[str]:
@@ -62,5 +89,6 @@ def main(cfg: DictConfig):
 
 
 if __name__ == "__main__":
+    sys.argv += default_recipe_overrides(sys.argv[1:])
     sys.argv += non_main_process_overrides(sys.argv[1:])
     main()

@@ -5,6 +5,8 @@
 2. An unknown KL estimator fails at start — before any model is built — with one line listing k1, k2, k3.
 3. The reward-shaping stack can be changed from the command line: the k3 estimator, and the EOS-penalty
    entry dropped (``~transforms.eos_penalty``), both run.
+4. The process-wide CPU settings (``OMP_WAIT_POLICY``, ``THP_MEM_ALLOC_ENABLE``) belong to the command-line
+   entry point: ``import rlhf_train`` leaves the environment alone.
 
 Budget: ~30 s on 2 CPU cores (two short training runs; each start imports torch and transformers).
 """
@@ -62,3 +64,26 @@ def test_dropping_the_eos_penalty_entry_runs(tmp_path):
     proc = run("~transforms.eos_penalty", "trainer.num_iterations=1", "logger=csv", tmp_path=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert len(list(csv.DictReader(open(tmp_path / "metrics.csv")))) == 1
+
+
+# --------------------------------------------------------------------------- 4. CPU settings
+CPU_VARS = ("OMP_WAIT_POLICY", "THP_MEM_ALLOC_ENABLE")
+
+
+def _env_after(statement: str) -> list[str]:
+    """The two variables as seen by a fresh interpreter (started with both unset) after ``statement``."""
+    env = {k: v for k, v in os.environ.items() if k not in CPU_VARS}
+    code = f"import os; {statement}; print([os.environ.get(k) for k in {CPU_VARS!r}])"
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return eval(proc.stdout.strip().splitlines()[-1])
+
+
+def test_import_leaves_cpu_settings_untouched():
+    assert _env_after("import rlhf_train") == [None, None]
+
+
+def test_entry_point_sets_cpu_settings_before_torch():
+    # the entry point sets them at import, before anything it imports can import torch
+    assert _env_after("import rlhf_train.__main__, sys; assert 'torch' not in sys.modules") == ["PASSIVE", "1"]

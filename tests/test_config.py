@@ -1,17 +1,24 @@
 """Every recipe and every option of every config group composes, type-checks and instantiates offline.
 
-1. ``conf/config.yaml`` + each ``conf/recipe/*.yaml`` (whatever recipes exist) composes against the
-   schemas (``rlhf_train.config.schema``), passes ``components.validate_config``, and its PPO components
-   (tokenizer, policy, reference, reward model, KL controller, prompts, optimizer, transform stack) are
-   built when the recipe runs PPO (``stage`` ``ppo`` or ``pipeline``). Pieces that need the Hugging Face Hub (TL;DR recipes: ``gpt2``, the TL;DR dataset) are swapped
-   for tiny local stand-ins first; the rest of the recipe is used as written.
+1. ``conf/config.yaml`` alone (generic: no recipe) and with each ``conf/recipe/*.yaml`` (whatever recipes
+   exist) composes against the schemas (``rlhf_train.config.schema``), passes
+   ``rlhf_train.loop.components.validate_config``, and its PPO components (tokenizer, policy, reference,
+   reward model, KL controller, prompts, optimizer, transform stack) are built when it runs PPO (``stage``
+   ``ppo`` or ``pipeline``). Pieces that need the Hugging Face Hub (TL;DR: ``gpt2``, the TL;DR dataset)
+   are swapped for tiny local stand-ins first; the rest is used as written.
 2. ``conf/config.yaml`` with each option of each group composes and passes ``validate_config``; the
    option is instantiated where that needs no network (hub names must fail at once, naming the key).
-3. Bad values fail at start naming the key.
+   Groups that are null in the root (``sft``, ``rm``, ``evaluation``) are covered too.
+3. The root is generic: it names no movie-review / sentiment option, and ``python -m rlhf_train`` with
+   no recipe resolves to the embedded default, ``+recipe=default``; a stage that needs a pipeline group
+   left null stops with one error line naming the group.
+4. Bad values fail at start naming the key (each dataset's schema holds only the keys its function takes).
 
-Budget: ~20 s on 2 CPU cores (the tokenizer and the review split are built once, then cached).
+Budget: ~25 s on 2 CPU cores (the tokenizer and the review split are built once, then cached).
 """
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -23,9 +30,12 @@ from rlhf_train.infra.errors import ConfigError
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 RECIPES = sorted(p.stem for p in (CONF / "recipe").glob("*.yaml"))
-# the config groups of the primary config's defaults list, and their options
-GROUPS = [next(iter(d)) for d in yaml.safe_load((CONF / "config.yaml").read_text())["defaults"] if isinstance(d, dict)]
+# the config groups of the primary config's defaults list (null ones included), and their options
+ROOT_DEFAULTS = [d for d in yaml.safe_load((CONF / "config.yaml").read_text())["defaults"] if isinstance(d, dict)]
+GROUPS = [next(iter(d)) for d in ROOT_DEFAULTS]
 OPTIONS = [(g, p.stem) for g in GROUPS for p in sorted((CONF / g).glob("*.yaml"))]
+# conf/ dirs that are not config groups of the primary config
+NOT_GROUPS = {"recipe", "accelerate"}
 
 
 def compose(overrides=()):
@@ -62,7 +72,7 @@ def standins(cfg) -> list[str]:
     if OmegaConf.is_missing(rm, "pretrained") or is_hub_name(rm.get("pretrained")) or not (rm.get("pretrained") or rm.get("config")):
         out += ["reward_model=tiny_gpt2", "reward_model.pretrained=null"]  # likewise
     if cfg.data.get("dataset") and is_hub_name(cfg.data.dataset):
-        out.append("data=synthetic")
+        out += ["data=synthetic", f"data.batch_size={cfg.data.batch_size}"]  # same batch: ppo.minibatch_size fits
     return out
 
 
@@ -70,17 +80,19 @@ def standins(cfg) -> list[str]:
 def tokenizer():
     from hydra.utils import instantiate
 
-    return instantiate(compose().tokenizer)
+    return instantiate(compose(["tokenizer=movie_reviews_bpe"]).tokenizer)  # the root's is GPT-2's (hub)
 
 
 def test_groups_and_recipes_found():
     assert {"tokenizer", "policy", "ref_model", "reward_model", "kl_controller", "transforms", "data", "rollout",
-            "ppo", "optimizer", "scheduler", "trainer", "logger"} <= set(GROUPS)
-    assert "smoke" in RECIPES
+            "ppo", "optimizer", "scheduler", "trainer", "logger", "sft", "rm", "evaluation"} <= set(GROUPS)
+    # every group dir under conf/ is in the root's defaults list, so its options are all tested below
+    assert {p.name for p in CONF.iterdir() if p.is_dir()} - NOT_GROUPS == set(GROUPS)
+    assert {"smoke", "default"} <= set(RECIPES)
 
 
 # --------------------------------------------------------------------------- 1. recipes
-@pytest.mark.parametrize("recipe", RECIPES)
+@pytest.mark.parametrize("recipe", [None, *RECIPES], ids=["root", *RECIPES])
 def test_recipe_composes_and_instantiates(recipe, tmp_path):
     from hydra.utils import instantiate
 
@@ -91,14 +103,15 @@ def test_recipe_composes_and_instantiates(recipe, tmp_path):
     )
     from rlhf_train.rewards.transforms import build_transform_stack
 
-    cfg = compose([f"+recipe={recipe}"])
+    selected = [f"+recipe={recipe}"] if recipe else []
+    cfg = compose(selected)
     OmegaConf.to_container(cfg, resolve=True)  # every interpolation resolves
     validate_config(cfg)
     if cfg.stage in ("sft", "rm"):
         return  # a single non-PPO stage: its own models are built by rlhf_train.pipeline.run (tested there)
     overrides = standins(cfg)
     if overrides:
-        cfg = compose([f"+recipe={recipe}", *overrides])
+        cfg = compose([*selected, *overrides])
         validate_config(cfg)
     comps = build_components(cfg)
     assert len(comps.dataset) >= cfg.data.batch_size
@@ -184,21 +197,98 @@ def test_group_option_composes(group, option, tokenizer, tmp_path):
         logger = build_logger(node, tmp_path, {})
         logger.log({"objective/score": 1.0}, 1)
         logger.finish()
-    # rollout, ppo, trainer: plain values, checked by the schema and validate_config above
+    # rollout, ppo, trainer, sft, rm, evaluation: plain values, checked by the schema and validate_config above
 
 
-# --------------------------------------------------------------------------- 3. bad values
+# --------------------------------------------------------------------------- 3. a generic root; the default recipe
+def test_root_config_names_no_movie_review_or_sentiment_option():
+    root = yaml.safe_load((CONF / "config.yaml").read_text())
+    task_words = ("movie", "sentiment", "review", "imdb")
+    for entry in ROOT_DEFAULTS:
+        (group, option), = entry.items()
+        assert not any(w in str(option).lower() for w in task_words), f"conf/config.yaml selects {group}: {option}"
+    # no group keys set in the root: every value comes from the selected options
+    assert set(root) <= {"defaults", "stage", "cache_dir", "task_name", "hydra"}, sorted(root)
+    assert root["stage"] == "ppo" and not any(w in root["task_name"] for w in task_words)
+    assert {group: option for entry in ROOT_DEFAULTS for group, option in entry.items()
+            if group in ("sft", "rm", "evaluation")} == {"sft": None, "rm": None, "evaluation": None}
+    cfg = compose()
+    assert cfg.sft is None and cfg.rm is None and cfg.evaluation is None
+    assert (cfg.kl_controller.init_kl_coef, cfg.kl_controller.target, cfg.kl_controller.horizon) == (0.1, 6.0, 10000)
+    assert (cfg.rollout.max_new_tokens, cfg.rollout.temperature, cfg.optimizer.lr) == (50, 1.0, 1e-5)
+
+
+def test_default_recipe_is_added_only_without_a_recipe():
+    from rlhf_train.__main__ import default_recipe_overrides
+
+    assert default_recipe_overrides([]) == ["+recipe=default"]
+    assert default_recipe_overrides(["logger=csv", "trainer.num_iterations=2"]) == ["+recipe=default"]
+    for given in ("+recipe=smoke", "recipe=smoke", "++recipe=smoke", "+recipe=smoke,tldr_ppo"):
+        assert default_recipe_overrides(["logger=csv", given]) == []
+
+
+def test_entry_point_without_arguments_resolves_to_the_default_recipe():
+    """``python -m rlhf_train`` (no argument) selects ``recipe: default``, records it in the overrides
+    (``.hydra/overrides.yaml``), and its job config is that of ``+recipe=default``."""
+    env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
+    proc = subprocess.run([sys.executable, "-m", "rlhf_train", "--cfg", "all"], cwd=CONF.parent, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    printed = yaml.safe_load(proc.stdout)
+    hydra = printed.pop("hydra")
+    assert hydra["runtime"]["choices"]["recipe"] == "default"
+    assert hydra["overrides"]["task"] == ["+recipe=default"]
+    assert printed == OmegaConf.to_container(compose(["+recipe=default"]))
+    assert printed["stage"] == "pipeline" and printed["task_name"] == "sentiment"
+
+
+@pytest.mark.parametrize("stage, overrides, group", [
+    ("sft", [], "sft"),
+    ("rm", [], "rm"),
+    ("rm", ["rm=sentiment", "rm.backbone=sft"], "sft"),
+    ("pipeline", [], "rm"),
+    ("pipeline", ["reward_model.pretrained=/some/rm", "policy=tiny_gpt2"], "sft"),  # PPO starts from the SFT stage
+    ("pipeline", ["reward_model.pretrained=/some/rm"], "evaluation"),  # policy gpt2 and this RM: no SFT, no RM stage
+])
+def test_stage_needing_a_null_group_names_it(stage, overrides, group, tmp_path):
+    from rlhf_train.pipeline.run import run
+
+    cfg = compose([f"stage={stage}", "tokenizer=movie_reviews_bpe", f"cache_dir={tmp_path / 'cache'}", *overrides])
+    with pytest.raises(ConfigError, match=rf"^{group} is not set .*{group}=NAME") as err:
+        run(cfg, tmp_path / "run")
+    assert "\n" not in str(err.value)
+    assert not (tmp_path / "cache").exists()  # nothing was started
+
+
+# --------------------------------------------------------------------------- 4. bad values
 @pytest.mark.parametrize("override, key", [
     ("ppo.nonexistent=1", "ppo.nonexistent"),
     ("ppo.clip_eps=abc", "ppo.clip_eps"),
     ("rollout.top_k=1.5", "rollout.top_k"),
     ("transforms.kl.estimatr=k3", "transforms.kl.estimatr"),
+    ("data.nonexistent=1", "data.nonexistent"),
+    ("data.max_prompt_length=64", "data.max_prompt_length"),  # a TL;DR key: not one of movie_review_prompts'
+    ("tokenizer.pretrained=gpt2", "tokenizer.pretrained"),  # a pretrained-tokenizer key: not the BPE factory's
 ])
 def test_bad_override_fails_at_compose(override, key):
     from hydra.errors import ConfigCompositionException
 
     with pytest.raises(ConfigCompositionException) as err:
         compose(["+recipe=smoke", override])
+    assert key in str(err.value) + str(err.value.__cause__)
+
+
+@pytest.mark.parametrize("data, override, key", [
+    ("synthetic", "data.split=test", "data.split"),
+    ("synthetic", "data.prompt_baseline=true", "data.prompt_baseline"),
+    ("tldr", "data.min_prompt_tokens=4", "data.min_prompt_tokens"),
+    ("movie_reviews", "data.dataset=x", "data.dataset"),
+])
+def test_each_dataset_takes_only_its_own_keys(data, override, key):
+    from hydra.errors import ConfigCompositionException
+
+    with pytest.raises(ConfigCompositionException) as err:
+        compose([f"data={data}", override])
     assert key in str(err.value) + str(err.value.__cause__)
 
 

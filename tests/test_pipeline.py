@@ -33,6 +33,7 @@ TINY = [
 
 
 def compose(*overrides: str):
+    """The composed config; the embedded default (``+recipe=default``) unless a recipe is given."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
@@ -42,6 +43,8 @@ def compose(*overrides: str):
 
     register_configs()
     GlobalHydra.instance().clear()
+    if not any(o.lstrip("+").startswith("recipe=") for o in overrides):  # as `python -m rlhf_train` does
+        overrides = ("+recipe=default", *overrides)
     with initialize_config_dir(config_dir=CONF, version_base="1.3"):
         return hydra_compose("config", overrides=list(overrides))
 

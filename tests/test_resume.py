@@ -250,7 +250,7 @@ def test_source_loads_pickles_only_with_weights_only_and_no_remote_code():
         assert "pickle.load" not in text, path
     from rlhf_train.config import schema
 
-    for node in (schema.TokenizerSchema, schema.PolicySchema, schema.RefModelSchema, schema.RewardModelSchema):
+    for node in (schema.PretrainedTokenizerSchema, schema.PolicySchema, schema.RefModelSchema, schema.RewardModelSchema):
         assert node.trust_remote_code is False
 
 

@@ -1,7 +1,8 @@
 """Structured-config schemas: dataclasses registered in Hydra's ConfigStore.
 
 Each YAML option of a config group starts with ``defaults: [<group>_schema, _self_]`` (or a more
-specific schema), so Hydra type-checks it at start: an unknown key or a value of the wrong type fails
+specific schema: one per prompt dataset and per tokenizer factory, holding exactly the keys that
+function takes; or another option of the same group, which it extends), so Hydra type-checks it at start: an unknown key or a value of the wrong type fails
 with Hydra's one-line message naming the key, before any work is done. The meaning of every key is
 documented in the YAML files under ``conf/``.
 """
@@ -15,14 +16,20 @@ from omegaconf import MISSING
 
 
 # ---------------------------------------------------------------- models
+# One schema per tokenizer factory: the keys that function takes (an unknown key fails at start).
 @dataclass
-class TokenizerSchema:
-    _target_: str = MISSING
-    pretrained: Optional[str] = None
-    vocab_size: int = 8192
-    cache_dir: str = "${cache_dir}"
-    seed: int = 0
+class PretrainedTokenizerSchema:  # conf/tokenizer/pretrained.yaml -> rlhf_train.data.tokenizers.pretrained_tokenizer
+    _target_: str = "rlhf_train.data.tokenizers.pretrained_tokenizer"
+    pretrained: str = MISSING
     trust_remote_code: bool = False
+
+
+@dataclass
+class MovieReviewsTokenizerSchema:  # conf/tokenizer/movie_reviews_bpe.yaml -> tasks.movie_reviews.tokenizer
+    _target_: str = "rlhf_train.tasks.movie_reviews.tokenizer.movie_reviews_tokenizer"
+    vocab_size: int = 8192
+    cache_dir: Optional[str] = "${cache_dir}"
+    seed: int = 0
 
 
 @dataclass
@@ -70,19 +77,43 @@ class AdaptiveKLSchema:
 
 
 # ---------------------------------------------------------------- data / rollout / PPO
+# One schema per prompt dataset: the keys its function takes, plus `batch_size` and `num_workers`, which
+# the training loop pops (DataLoader arguments) before instantiating the dataset. An unknown key fails at start.
 @dataclass
-class DataSchema:
-    _target_: str = MISSING
-    batch_size: int = 32
+class MovieReviewsDataSchema:  # conf/data/movie_reviews.yaml -> tasks.movie_reviews.prompts.movie_review_prompts
+    _target_: str = "rlhf_train.tasks.movie_reviews.prompts.movie_review_prompts"
+    batch_size: int = 128
+    num_workers: int = 0
     split: str = "test"
     min_prompt_tokens: int = 8
     max_prompt_tokens: int = 16
     max_prompts: Optional[int] = None
     seed: int = 0
-    dataset: Optional[str] = None
-    max_prompt_length: int = 512
-    num_workers: int = 0
     prompt_baseline: bool = False
+
+
+@dataclass
+class SyntheticDataSchema:  # conf/data/synthetic.yaml -> rlhf_train.data.prompts.synthetic_prompts
+    _target_: str = "rlhf_train.data.prompts.synthetic_prompts"
+    batch_size: int = 4
+    num_workers: int = 0
+    min_prompt_tokens: int = 32
+    max_prompt_tokens: int = 64
+    max_prompts: Optional[int] = 1024
+    seed: int = 0
+    vocab_size: Optional[int] = None
+
+
+@dataclass
+class TldrDataSchema:  # conf/data/tldr.yaml -> rlhf_train.data.prompts.tldr_prompts
+    _target_: str = "rlhf_train.data.prompts.tldr_prompts"
+    batch_size: int = 4
+    num_workers: int = 0
+    dataset: str = "CarperAI/openai_summarize_tldr"
+    split: str = "train"
+    max_prompt_length: int = 500
+    max_prompts: Optional[int] = None
+    seed: int = 0
 
 
 @dataclass
@@ -153,7 +184,7 @@ class LoggerSchema:
     tags: List[str] = field(default_factory=list)
 
 
-# ---------------------------------------------------------------- stages of the pipeline (rlhf_train/pipeline.py)
+# ---------------------------------------------------------------- stages of the pipeline (rlhf_train/pipeline/run.py)
 @dataclass
 class SFTSchema:
     source: str = "movie_reviews"
@@ -219,7 +250,7 @@ class EvaluationSchema:
 
 @dataclass
 class Config:
-    stage: str = "pipeline"
+    stage: str = "ppo"
     cache_dir: str = "${oc.env:RLHF_TRAIN_CACHE,${oc.env:HOME}/.cache/rlhf_train}"
     task_name: str = "rlhf"
     tokenizer: Any = MISSING
@@ -235,9 +266,10 @@ class Config:
     scheduler: Any = MISSING
     trainer: Any = MISSING
     logger: Any = MISSING
-    sft: Any = MISSING
-    rm: Any = MISSING
-    evaluation: Any = MISSING
+    # pipeline-only groups: null in conf/config.yaml; rlhf_train.pipeline.run names the one to set
+    sft: Optional[Any] = None
+    rm: Optional[Any] = None
+    evaluation: Optional[Any] = None
 
 
 def launch_time(pattern: str) -> str:
@@ -263,13 +295,16 @@ def register_configs() -> None:
     OmegaConf.register_new_resolver("launch_time", launch_time, use_cache=True, replace=True)
     cs = ConfigStore.instance()
     cs.store(name="config_schema", node=Config)
-    cs.store(group="tokenizer", name="tokenizer_schema", node=TokenizerSchema)
+    cs.store(group="tokenizer", name="pretrained_schema", node=PretrainedTokenizerSchema)
+    cs.store(group="tokenizer", name="movie_reviews_bpe_schema", node=MovieReviewsTokenizerSchema)
     cs.store(group="policy", name="policy_schema", node=PolicySchema)
     cs.store(group="ref_model", name="ref_model_schema", node=RefModelSchema)
     cs.store(group="reward_model", name="reward_model_schema", node=RewardModelSchema)
     cs.store(group="kl_controller", name="constant_schema", node=ConstantKLSchema)
     cs.store(group="kl_controller", name="adaptive_schema", node=AdaptiveKLSchema)
-    cs.store(group="data", name="data_schema", node=DataSchema)
+    cs.store(group="data", name="movie_reviews_schema", node=MovieReviewsDataSchema)
+    cs.store(group="data", name="synthetic_schema", node=SyntheticDataSchema)
+    cs.store(group="data", name="tldr_schema", node=TldrDataSchema)
     cs.store(group="rollout", name="rollout_schema", node=RolloutSchema)
     cs.store(group="ppo", name="ppo_schema", node=PPOSchema)
     cs.store(group="optimizer", name="optimizer_schema", node=OptimizerSchema)

@@ -45,7 +45,7 @@ def _limit(n: int, max_prompts: int | None) -> int:
 
 
 def synthetic_prompts(tokenizer=None, min_prompt_tokens: int = 32, max_prompt_tokens: int = 64,
-                      max_prompts: int | None = 1024, seed: int = 0, vocab_size: int | None = None, **_) -> PromptDataset:
+                      max_prompts: int | None = 1024, seed: int = 0, vocab_size: int | None = None) -> PromptDataset:
     """Random-token prompts with random lengths (benchmarks): no text involved."""
     n = max_prompts or 1024
     V = vocab_size or len(tokenizer)
@@ -108,7 +108,7 @@ def _load_hf_dataset(name: str, split: str):
 
 
 def tldr_prompts(tokenizer, dataset: str = "CarperAI/openai_summarize_tldr", split: str = "train",
-                 max_prompt_length: int = 500, max_prompts: int | None = None, seed: int = 0, **_) -> PromptDataset:
+                 max_prompt_length: int = 500, max_prompts: int | None = None, seed: int = 0) -> PromptDataset:
     """TL;DR posts (column ``prompt``) with their reference summaries (column ``label``)."""
     ds = _load_hf_dataset(dataset, split)
     for col in ("prompt", "label"):

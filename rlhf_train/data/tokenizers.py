@@ -13,7 +13,7 @@ def validate_tokenizer(tokenizer, override: str):
     return tokenizer
 
 
-def pretrained_tokenizer(pretrained: str, trust_remote_code: bool = False, **_):
+def pretrained_tokenizer(pretrained: str, trust_remote_code: bool = False):
     """A Hugging Face tokenizer from a local dir, or a hub name already in the local cache."""
     from transformers import AutoTokenizer
 

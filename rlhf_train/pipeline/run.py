@@ -7,7 +7,8 @@
 ``run(cfg, run_dir)`` (``stage`` in ``pipeline | sft | rm``; ``ppo`` alone is :func:`rlhf_train.loop.trainer.train`):
 
   0. pre-flight: every value a stage will need is checked before any work (bad keys, models and datasets
-     that cannot be loaded offline): one ``ConfigError`` line naming the key to set;
+     that cannot be loaded offline, a pipeline-only group ``sft`` / ``rm`` / ``evaluation`` left null in
+     ``conf/config.yaml``): one ``ConfigError`` line naming the key or group to set;
   1. tokenizer (cached by its own config) and, for movie-review data, the independent judge (cached);
   2. SFT stage (:mod:`rlhf_train.pipeline.sft`) -> the PPO's initial policy and reference. Skipped when
      ``policy.pretrained`` is set: PPO then starts from that model;
@@ -16,12 +17,10 @@
   5. evaluation (:mod:`rlhf_train.pipeline.evaluate`): the policy before and after PPO on held-out prompts;
      ``summary.json``, a printed table, sample continuations and ``ppo_curves.png`` in the run dir.
 
-Stage cache: each stage's output lives in ``${cache_dir}/stages/<stage>-<key>/``, where ``key`` hashes
-the stage's resolved config together with the keys of the stages it consumes, so changing the SFT config
-re-runs SFT, RM and PPO, while changing only ``ppo.*`` re-runs PPO alone. A stage is built in a temporary
-dir next to it, marked ``COMPLETE`` and moved into place with ``os.replace``, under a file lock
-(``<stage>-<key>.lock``): concurrent runs (a joblib sweep) wait for one another and then reuse the
-result; a crash never leaves a half-written stage. Delete the dir (or the whole ``stages/``) to re-run.
+Stages 2-4 are cached (:mod:`rlhf_train.pipeline.cache`): :func:`sft_key`, :func:`rm_key` and
+:func:`ppo_key` say what each stage's output depends on. A stage's key includes the keys of the stages it
+consumes, so changing the SFT config re-runs SFT, PPO and (when it is built on the SFT trunk) the reward
+model, while changing only ``ppo.*`` re-runs PPO alone.
 """
 from __future__ import annotations
 
@@ -84,11 +83,10 @@ def preflight(cfg: DictConfig, plan: dict) -> None:
     from rlhf_train.models.loading import check_loadable
     from rlhf_train.pipeline.sft import check_positive, load_text_dataset
 
-    if cfg.stage not in PIPELINE_STAGES:
-        raise ConfigError(f"stage='{cfg.stage}' is not a pipeline stage; choose one of {', '.join(PIPELINE_STAGES)}")
-    if cfg.sft.source not in ("movie_reviews", "tldr"):
+    require_groups(cfg)
+    if cfg.get("sft") is not None and cfg.sft.source not in ("movie_reviews", "tldr"):
         raise ConfigError(f"sft.source='{cfg.sft.source}' is not valid; choose one of movie_reviews, tldr")
-    if cfg.rm.source not in ("movie_reviews", "comparisons"):
+    if cfg.get("rm") is not None and cfg.rm.source not in ("movie_reviews", "comparisons"):
         raise ConfigError(f"rm.source='{cfg.rm.source}' is not valid; choose one of movie_reviews, comparisons")
     if cfg.tokenizer.get("pretrained"):
         check_loadable(cfg.tokenizer.pretrained, "tokenizer.pretrained", "tokenizer")
@@ -129,8 +127,41 @@ def preflight(cfg: DictConfig, plan: dict) -> None:
             load_text_dataset(cfg.data.dataset, cfg.evaluation.split, "evaluation.split")
 
 
+def _group_options(group: str) -> str:
+    conf = Path(__file__).resolve().parents[2] / "conf" / group
+    names = sorted(p.stem for p in conf.glob("*.yaml")) if conf.is_dir() else []
+    return f" ({' | '.join(names)})" if names else ""
+
+
+def require_groups(cfg: DictConfig) -> None:
+    """The pipeline-only groups (``sft``, ``rm``, ``evaluation``) are null in ``conf/config.yaml``: a stage
+    that needs one that no recipe or override selected stops here, with one line naming the group."""
+    if cfg.stage not in PIPELINE_STAGES:
+        raise ConfigError(f"stage='{cfg.stage}' is not a pipeline stage; choose one of {', '.join(PIPELINE_STAGES)}")
+
+    def need(group: str, why: str) -> None:
+        if cfg.get(group) is None:
+            raise ConfigError(f"{group} is not set (null in conf/config.yaml) but {why}: select one with "
+                              f"{group}=NAME{_group_options(group)} or a recipe (+recipe=NAME)")
+
+    stage = cfg.stage
+    # `???` (reward_model=pretrained with no dir) reads as unset here; the PPO stage names that key itself
+    trains_rm = stage == "rm" or (stage == "pipeline" and not OmegaConf.select(cfg, "reward_model.pretrained"))
+    if trains_rm:
+        need("rm", f"stage={stage} trains a reward model" + (" (reward_model.pretrained is not set)" if stage == "pipeline" else ""))
+    if stage == "sft":
+        need("sft", "stage=sft trains it")
+    elif trains_rm and cfg.rm.backbone == "sft":
+        need("sft", "rm.backbone=sft trains the reward model on the SFT stage's trunk")
+    elif stage == "pipeline" and not OmegaConf.select(cfg, "policy.pretrained"):
+        need("sft", "stage=pipeline starts PPO from the SFT stage (policy.pretrained is not set)")
+    if stage == "pipeline":
+        need("evaluation", "stage=pipeline ends with the before/after evaluation")
+
+
 def make_plan(cfg: DictConfig) -> dict:
     """Which stages run and where their outputs are (cache dirs, or the user's explicit dirs)."""
+    require_groups(cfg)
     want_sft = cfg.stage == "sft" or (cfg.stage == "rm" and cfg.rm.backbone == "sft") or (
         cfg.stage == "pipeline" and (not cfg.policy.pretrained or (not cfg.reward_model.pretrained and cfg.rm.backbone == "sft")))
     want_rm = cfg.stage == "rm" or (cfg.stage == "pipeline" and not cfg.reward_model.pretrained)
@@ -216,7 +247,9 @@ def eval_prompts(cfg: DictConfig, tokenizer):
     from hydra.utils import instantiate
 
     data = {k: v for k, v in OmegaConf.to_container(cfg.data, resolve=True).items() if k not in ("batch_size", "num_workers")}
-    data.update(split=cfg.evaluation.split, max_prompts=cfg.evaluation.num_prompts)
+    data["max_prompts"] = cfg.evaluation.num_prompts
+    if "split" in data:  # a dataset with splits (synthetic prompts have none)
+        data["split"] = cfg.evaluation.split
     return instantiate(data, tokenizer=tokenizer)
 
 

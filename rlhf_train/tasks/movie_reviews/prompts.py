@@ -11,8 +11,8 @@ from rlhf_train.infra.errors import ConfigError
 
 
 def movie_review_prompts(tokenizer, split: str = "test", min_prompt_tokens: int = 8, max_prompt_tokens: int = 16,
-                         max_prompts: int | None = None, seed: int = 0, prompt_baseline: bool = False,
-                         **_) -> PromptDataset:
+                         max_prompts: int | None = None, seed: int = 0,
+                         prompt_baseline: bool = False) -> PromptDataset:
     """First 8–16 tokens of the reviews of one seeded split (default ``test``: never seen by RM or judge).
 
     ``prompt_baseline``: the prompt alone is also the "reference" sequence, so the reward-shaping stack's

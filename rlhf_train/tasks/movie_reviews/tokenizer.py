@@ -4,7 +4,7 @@ from __future__ import annotations
 from rlhf_train.data.tokenizers import validate_tokenizer
 
 
-def movie_reviews_tokenizer(vocab_size: int = 8192, cache_dir: str | None = None, seed: int = 0, **_):
+def movie_reviews_tokenizer(vocab_size: int = 8192, cache_dir: str | None = None, seed: int = 0):
     """The embedded default's byte-level BPE, trained on the ``sft_train`` reviews (cached)."""
     from rlhf_train.tasks.movie_reviews.data import (
         load_reviews,
