@@ -6,9 +6,9 @@ components are instantiated from it, and one iteration is
 
   2. ``RolloutFromModel.rollout_from_data`` (KV-cached ``generate``, which also yields the policy's
      log-probs and values → one pass each of reference and reward model → the transform stack),
-  3. ``gae`` + ``global_masked_whiten``,
-  4. ``ppo_update.ppo_update`` (``num_epochs`` × minibatches of ``--minibatch`` sequences),
-  5. ``step_scheduler()``.
+  3. the algorithm's estimator (``rlhf_train.algorithms.ppo.GAE``: GAE + ``global_masked_whiten``),
+  4. ``rlhf_train.algorithms.update.minibatch_update`` (``num_epochs`` × minibatches of ``--minibatch`` sequences),
+  5. the KL controller's update with the per-sequence KLs.
 
 Prints one JSON line: ``rollout_s`` (steps 2-3), ``generate_s`` (time inside the LM's ``generate``),
 ``update_s`` (steps 4-5), ``total_s``, ``gen_tokens`` (response tokens, EOS included),
@@ -32,6 +32,11 @@ once; ``--gen-chunk 4`` does what the torchrl example does, 8 collection steps o
 """
 from __future__ import annotations
 
+import os
+
+# the CPU defaults of `python -m rlhf_train` (why: rlhf_train/__main__.py), set before torch is imported
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE"), os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
+
 import argparse
 import json
 import resource
@@ -40,7 +45,6 @@ from pathlib import Path
 
 import torch
 
-import rlhf_train  # noqa: F401  (first: its CPU defaults, THP and OpenMP waiting, must precede torch)
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 
@@ -131,6 +135,7 @@ def build(cfg, tokenizer):
 
     import rlhf_train.data.prompts  # noqa: F401  (as trainer.train does before instantiating cfg.data)
     from rlhf_train.loop.components import (
+        build_algorithm,
         check_fits,
         make_lr_scheduler,
         validate_config,
@@ -154,21 +159,23 @@ def build(cfg, tokenizer):
     policy, optimizer, lr_scheduler = accelerator.prepare(policy, optimizer, lr_scheduler)
     rollout = RolloutFromModel(
         policy, ref_model, reward_model, max_new_tokens=cfg.rollout.max_new_tokens,
-        score_clip=cfg.rollout.score_clip, kl_scheduler=kl_controller, tokenizer=tokenizer,
+        score_clip=cfg.rollout.score_clip, tokenizer=tokenizer,
         temperature=cfg.rollout.temperature, top_k=cfg.rollout.top_k, top_p=cfg.rollout.top_p,
         do_sample=cfg.rollout.do_sample, logprob_batch_size=cfg.rollout.logprob_batch_size,
         unwrap_fn=accelerator.unwrap_model,
     )
     rollout.transforms = build_transform_stack(
         cfg.transforms, ref_log_prob_fn=rollout.ref_log_prob_fn, eos_token_id=rollout.eos_token_id)
+    algorithm, update_cfg, sampling = build_algorithm(cfg)
     return dict(cfg=cfg, accelerator=accelerator, policy=policy, optimizer=optimizer, lr_scheduler=lr_scheduler,
-                rollout=rollout, dataset=dataset, ppo_generator=torch.Generator().manual_seed(cfg.trainer.seed))
+                rollout=rollout, dataset=dataset, ppo_generator=torch.Generator().manual_seed(cfg.trainer.seed),
+                kl_controller=kl_controller, algorithm=algorithm, update_cfg=update_cfg, sampling=sampling)
 
 
 def one_iteration(s: dict, prompts: dict, gen_chunk: int | None) -> dict:
     """Steps 2-5 of ``trainer.train``'s loop on one batch of prompts; returns timings (seconds)."""
-    from rlhf_train.algorithms.update import global_masked_whiten, ppo_update
-    from rlhf_train.core.advantages import gae
+    from rlhf_train.algorithms.update import minibatch_update
+    from rlhf_train.core.containers import Rollout
 
     cfg, rollout, policy = s["cfg"], s["rollout"], s["policy"]
     lm = s["accelerator"].unwrap_model(policy).lm
@@ -180,23 +187,20 @@ def one_iteration(s: dict, prompts: dict, gen_chunk: int | None) -> dict:
         policy.eval()
         B = prompts["input_ids"].shape[0]
         chunk = gen_chunk or B
-        tds = [rollout.rollout_from_data({k: v[i:i + chunk] for k, v in prompts.items()})
+        kl_coef = s["kl_controller"].coef
+        tds = [rollout.rollout_from_data({k: v[i:i + chunk] for k, v in prompts.items()}, kl_coef=kl_coef)
                for i in range(0, B, chunk)]
         td = tds[0] if len(tds) == 1 else torch.cat(tds)
-        # 3. GAE over response tokens; advantages whitened over the batch's response tokens
-        mask = td["masks", "response"]
-        advantage, returns = gae(td["next", "reward"], td["values"], mask, cfg.ppo.gamma, cfg.ppo.lam)
-        td.set("advantage_raw", advantage)
-        td.set("returns", returns)
-        if cfg.ppo.whiten_advantages:
-            advantage = global_masked_whiten(advantage, mask, s["accelerator"])
-        td.set("advantage", advantage)
+        ro = Rollout.from_torchrl(td)
+        mask = ro.masks.response
+        # 3. advantages: the algorithm's estimator (PPO: GAE, whitened over the batch's response tokens)
+        ro.advantage, ro.returns = s["algorithm"].estimator(ro)
         t1 = time.perf_counter()
         rollout_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        # 4. PPO epochs over minibatches; 5. the KL controller steps once per iteration
-        stats = ppo_update(policy, s["optimizer"], s["lr_scheduler"], s["accelerator"], td, cfg,
-                           s["ppo_generator"], {"skipped": 0, "consecutive": 0})
-        rollout.step_scheduler()
+        # 4. epochs over minibatches; 5. the KL controller steps once per iteration
+        stats = minibatch_update(policy, s["optimizer"], s["lr_scheduler"], s["accelerator"], ro, s["algorithm"],
+                                 s["sampling"], s["update_cfg"], s["ppo_generator"], {"skipped": 0, "consecutive": 0})
+        s["kl_controller"].update(ro.kl_per_sequence.float())
         t2 = time.perf_counter()
     finally:
         timer.remove()

@@ -2,7 +2,7 @@
 is counted (``faults/skipped_updates``), and ``trainer.max_consecutive_faults`` in a row stop the run with a
 checkpoint of the last good state (issue 7).
 
-Budget: ~2 s for the ppo_update tests (tiny model, synthetic rollouts) + ~10 s for two in-process runs.
+Budget: ~2 s for the minibatch_update tests (tiny model, synthetic rollouts) + ~10 s for two in-process runs.
 """
 from __future__ import annotations
 
@@ -12,27 +12,28 @@ import math
 
 import pytest
 import torch
-from tensordict import TensorDict
 
 from tests.reliability_helpers import make_cfg, tiny_policy
 
 B, P, T, V = 4, 3, 5, 32
 
 
-def _rollouts() -> TensorDict:
-    """A batch of ``B`` synthetic rollouts with every key :func:`ppo_update` reads."""
+def _rollouts():
+    """A batch of ``B`` synthetic rollouts with every field :func:`minibatch_update` reads."""
+    from rlhf_train.core.containers import Masks, Rollout, Tokens
+
     g = torch.Generator().manual_seed(0)
     prompt, response = torch.randint(2, V, (B, P), generator=g), torch.randint(2, V, (B, T), generator=g)
-    return TensorDict({
-        "tokens": {"full": torch.cat([prompt, response], 1)},
-        "masks": {"full": torch.ones(B, P + T, dtype=torch.bool), "response": torch.ones(B, T, dtype=torch.bool)},
-        "action": response,
-        "sample_log_prob": torch.full((B, T), -math.log(V)),
-        "values": torch.zeros(B, T),
-        "advantage": torch.randn(B, T, generator=g),
-        "returns": torch.randn(B, T, generator=g),
-        "next": {"reward": torch.randn(B, T, generator=g)},
-    }, batch_size=[B])
+    return Rollout(
+        tokens=Tokens(full=torch.cat([prompt, response], 1), response=response, batch_size=[B]),
+        masks=Masks(full=torch.ones(B, P + T, dtype=torch.bool), response=torch.ones(B, T, dtype=torch.bool),
+                    batch_size=[B]),
+        sample_log_prob=torch.full((B, T), -math.log(V)),
+        values=torch.zeros(B, T),
+        advantage=torch.randn(B, T, generator=g),
+        returns=torch.randn(B, T, generator=g),
+        reward=torch.randn(B, T, generator=g),
+        batch_size=[B])
 
 
 @functools.lru_cache(maxsize=1)
@@ -41,12 +42,13 @@ def _cfg():
 
 
 def _update(td):
-    """One ``ppo_update`` (2 epochs x 2 minibatches of 2 rows): (fault_state, weights before, after, stats, error)."""
+    """One ``minibatch_update`` (2 epochs x 2 minibatches of 2 rows): (fault_state, weights before, after, stats, error)."""
     from accelerate import Accelerator
 
-    from rlhf_train.algorithms.update import ppo_update
+    from rlhf_train.algorithms.update import minibatch_update
+    from rlhf_train.loop.components import build_algorithm
 
-    cfg = _cfg()
+    algorithm, update_cfg, sampling = build_algorithm(_cfg())
     policy = tiny_policy(V)
     optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-2)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
@@ -54,18 +56,18 @@ def _update(td):
     faults = {"skipped": 0, "consecutive": 0}
     err = None
     try:
-        stats = ppo_update(policy, optimizer, scheduler, Accelerator(cpu=True), td, cfg,
-                           torch.Generator().manual_seed(0), faults)
+        stats = minibatch_update(policy, optimizer, scheduler, Accelerator(cpu=True), td, algorithm, sampling,
+                                 update_cfg, torch.Generator().manual_seed(0), faults)
     except FloatingPointError as e:
         stats, err = None, e
     return faults, before, [p.detach() for p in policy.parameters()], stats, err
 
 
-@pytest.mark.parametrize("key", [("next", "reward"), "sample_log_prob", "advantage", "returns", "values"])
+@pytest.mark.parametrize("key", ["reward", "sample_log_prob", "advantage", "returns", "values"])
 @pytest.mark.parametrize("bad", [float("nan"), float("inf")])
 def test_non_finite_input_skips_only_its_minibatch(key, bad):
     td = _rollouts()
-    td.get(key)[0, 2] = bad  # row 0 is in one minibatch per epoch
+    getattr(td, key)[0, 2] = bad  # row 0 is in one minibatch per epoch
     faults, before, after, stats, err = _update(td)
     assert err is None and faults["skipped"] == 2
     assert all(torch.isfinite(p).all() for p in after)
@@ -74,26 +76,26 @@ def test_non_finite_input_skips_only_its_minibatch(key, bad):
 
 
 def test_non_finite_loss_skips_the_update(monkeypatch):
-    from rlhf_train.algorithms import update as ppo_update
+    from rlhf_train.algorithms.ppo import PPO
 
-    real, calls = ppo_update.ppo_loss, []
+    real, calls = PPO.loss, []
 
     def nan_once(*args, **kwargs):
         loss, stats = real(*args, **kwargs)
         calls.append(1)
         return (loss * float("nan") if len(calls) == 1 else loss), stats
 
-    monkeypatch.setattr(ppo_update, "ppo_loss", nan_once)
+    monkeypatch.setattr(PPO, "loss", nan_once)
     faults, *_ , err = _update(_rollouts())
     assert err is None and faults == {"skipped": 1, "consecutive": 0}
 
 
 def test_max_consecutive_faults_stops_without_touching_the_weights():
     td = _rollouts()
-    td.get(("next", "reward"))[:] = float("nan")  # every minibatch is faulty
+    td.reward[:] = float("nan")  # every minibatch is faulty
     faults, before, after, _, err = _update(td)
     assert isinstance(err, FloatingPointError)
-    assert "3 PPO updates in a row were skipped" in str(err) and "trainer.max_consecutive_faults=3" in str(err)
+    assert "3 updates in a row were skipped" in str(err) and "trainer.max_consecutive_faults=3" in str(err)
     assert faults["skipped"] == 3
     assert all(torch.equal(a, b) for a, b in zip(before, after))
 
@@ -109,15 +111,13 @@ def test_kl_controller_ignores_non_finite_kl():
 
 
 def test_whitening_ignores_faulty_rows():
-    from accelerate import Accelerator
-
-    from rlhf_train.algorithms.update import global_masked_whiten
+    from rlhf_train.core.masked import global_masked_whiten
 
     x = torch.randn(4, 5)
     x[0, 1] = float("nan")
     mask = torch.ones(4, 5, dtype=torch.bool)
     rows_ok = torch.tensor([False, True, True, True])
-    out = global_masked_whiten(x, mask & rows_ok[:, None], Accelerator(cpu=True))
+    out = global_masked_whiten(x, mask & rows_ok[:, None])
     assert torch.isfinite(out).all()
     assert out[1:].mean().abs() < 1e-5 and (out[0] == 0).all()
 
@@ -127,19 +127,19 @@ def test_whitening_ignores_faulty_rows():
 # --------------------------------------------------------------------------------------------
 def _nan_scores_from(monkeypatch, iteration: int, rows=slice(0, 1)):
     """From rollout ``iteration`` on, the reward model scores ``rows`` NaN."""
-    from rlhf_train.rollout.rollout_from_model import RolloutFromModel
+    from rlhf_train.rewards.sources import RewardModelSource
 
-    real, calls = RolloutFromModel._score, []
+    real, calls = RewardModelSource.__call__, []
 
-    def score(self, ids, mask):
-        out = real(self, ids, mask)
+    def score(self, sequences):
+        out = real(self, sequences)
         calls.append(1)
         if len(calls) >= iteration:
             out = out.clone()
             out[rows] = float("nan")
         return out
 
-    monkeypatch.setattr(RolloutFromModel, "_score", score)
+    monkeypatch.setattr(RewardModelSource, "__call__", score)
 
 
 def test_nan_reward_in_a_run_is_skipped_and_logged(tmp_path, monkeypatch):

@@ -1,4 +1,6 @@
-"""Hand-checked tests for rlhf_train.ppo_math. Every expected number is worked out in comments."""
+"""Hand-checked tests for the pure PPO maths in rlhf_train.core (masked, advantages, losses, kl, logprob_kernel).
+
+Every expected number is worked out in comments; the audit fixes (issue 12) are in tests/test_audit_fixes.py."""
 
 import math
 

@@ -26,7 +26,7 @@
 
 2. ``process_logits`` (the sampling distribution) equals transformers' Temperature/TopK/TopP warpers.
 3. The first PPO ratio is exactly 1 (temperature 0.7, and with top-k 5 / top-p 0.9), through
-   ``rlhf_train.algorithms.update.ppo_loss`` on the first minibatch of a rollout.
+   ``rlhf_train.algorithms.ppo.PPO.loss`` on the first minibatch of a rollout.
 4. The rollout's ``kl_coef`` is always the KL controller's coefficient, across ``step_scheduler`` calls;
    the adaptive update gets the per-sequence KLs (mean over sequences, ``n_steps`` = sequences).
 
@@ -34,7 +34,6 @@ Budget: ~10 s on 2 CPU cores.
 """
 import pytest
 import torch
-from omegaconf import OmegaConf
 from torchrl.envs.transforms import Compose
 from transformers import GPT2Config, GPT2LMHeadModel, GPT2Model
 
@@ -196,7 +195,10 @@ def small_policy(seed=0):
 
 @pytest.mark.parametrize("temperature, top_k, top_p", [(0.7, 0, 1.0), (0.7, 5, 0.9)])
 def test_first_ppo_ratio_is_exactly_one(temperature, top_k, top_p):
-    from rlhf_train.algorithms.update import ppo_loss
+    from rlhf_train.algorithms.ppo import PPO, PPOConfig
+    from rlhf_train.algorithms.update import policy_forward
+    from rlhf_train.core.containers import Rollout
+    from rlhf_train.core.sampling import SamplingParams
 
     policy = small_policy()
     ref = build_reference(policy)
@@ -211,10 +213,9 @@ def test_first_ppo_ratio_is_exactly_one(temperature, top_k, top_p):
     td.set("advantage", masked_whiten(advantage, mask))
     td.set("returns", returns)
 
-    cfg = OmegaConf.create({"rollout": {"temperature": temperature, "top_k": top_k, "top_p": top_p},
-                            "ppo": {"clip_eps": 0.2, "clip_eps_value": 0.2, "vf_coef": 0.1, "ent_coef": 0.0}})
     mb = td[torch.randperm(8, generator=torch.Generator().manual_seed(0))[:4]]  # the first minibatch
-    loss, stats = ppo_loss(policy, mb, cfg, token_scale=1.0 / float(mb["masks", "response"].sum()))
+    out = policy_forward(policy, Rollout.from_torchrl(mb), SamplingParams(temperature, top_k, top_p), with_entropy=True)
+    loss, stats = PPO(PPOConfig(clip_eps=0.2, clip_eps_value=0.2, vf_coef=0.1, ent_coef=0.0)).loss(out, Rollout.from_torchrl(mb))
     assert abs(float(stats["val/ratio"]) - 1.0) < 1e-5
     assert float(stats["policy/approx_kl"]) < 1e-8 and float(stats["policy/clipfrac"]) == 0.0
     assert torch.isfinite(loss)

@@ -17,11 +17,10 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from rlhf_train.infra.logger import in_multirun, wandb_names
+from rlhf_train.infra.logger import in_multirun, wandb_names, write_final_metrics
 from rlhf_train.pipeline.sweep import (
     collect_rows,
     swept_keys,
-    write_final_metrics,
     write_report,
 )
 

@@ -1,4 +1,4 @@
-"""The reward-shaping stack (rlhf_train/transforms.py, conf/transforms/default.yaml).
+"""The reward-shaping stack (rlhf_train/rewards/transforms.py, conf/transforms/default.yaml).
 
 1. each transform against tensors worked out by hand (numbers in the comments);
 2. the YAML default stack gives torchrl's ``RolloutFromModel`` reward on the same inputs:
@@ -21,9 +21,7 @@ from torchrl.envs.transforms import Compose, Transform
 
 from rlhf_train.infra.errors import ConfigError
 from rlhf_train.rewards.transforms import (
-    KLConstrainedTransform,
     KLDivergenceTransform,
-    KLRewardTransform,
     MissingEOSPenalty,
     ReferenceBaseline,
     ReferenceModelLogProbTransform,
@@ -32,6 +30,7 @@ from rlhf_train.rewards.transforms import (
     ScoreClip,
     build_transform_stack,
 )
+from rlhf_train.rollout.torchrl_compat import KLConstrainedTransform, KLRewardTransform
 
 CONF = str(Path(__file__).resolve().parents[1] / "conf")
 EOS = 0
@@ -204,7 +203,7 @@ def default_cfg():
 def test_default_yaml_stack_equals_seed_reward(default_cfg):
     stack = build_transform_stack(default_cfg.transforms, ref_log_prob_fn=ref_fn, eos_token_id=EOS)
     names = [type(t).__name__ for t in stack.transforms]
-    assert names == ["MissingEOSPenalty", "ReferenceBaseline", "ScoreClip", "ReferenceModelLogProbTransform",
+    assert names == ["ReferenceBaseline", "MissingEOSPenalty", "ScoreClip", "ReferenceModelLogProbTransform",
                      "KLDivergenceTransform", "RewardAdjustmentTransform", "RewardWhitening"]
     td = stack(rollout_td())
     raw, kl, reward = seed_reward(rollout_td(), clip=5.0, coef=0.1)
@@ -223,7 +222,7 @@ def test_yaml_stack_overrides_and_drops(default_cfg):
     stack = build_transform_stack(cfg, ref_log_prob_fn=ref_fn, eos_token_id=EOS)
     assert [type(t).__name__ for t in stack.transforms][-1] == "RewardAdjustmentTransform"
     td = stack(rollout_td())
-    close(td["next", "reward_raw"], [[0.0, 1.5, 0.0], [0.0, 0.0, -0.0]])  # row 1: no EOS → −1 − (−1) = 0
+    close(td["next", "reward_raw"], [[0.0, 1.5, 0.0], [0.0, 0.0, -1.0]])  # row 1: no EOS → the penalty, −1
     assert (td["next", "kl"] >= 0).all()
     cfg["eos_penalty"] = None  # `None` drops an entry, as `~transforms.eos_penalty` does
     assert len(build_transform_stack(cfg).transforms) == 5

@@ -1,4 +1,4 @@
-"""Typed containers for token data, after torchrl's ``Tokens`` / ``Masks`` / ``LogProbs``.
+"""Typed containers: token data after torchrl's ``Tokens`` / ``Masks`` / ``LogProbs``, and :class:`Rollout`.
 
 Every rollout carries its tokens once per sequence, never once per timestep:
 
@@ -8,11 +8,15 @@ Every rollout carries its tokens once per sequence, never once per timestep:
 
 ``Masks`` holds the matching boolean masks (1 = a real token), and ``LogProbs`` holds per-token
 log-probabilities of the response tokens ([B, T], zero outside the response mask).
+
+:class:`Rollout` is one batch of scored rollouts with every field declared (name, shape, meaning) in one
+place; :data:`TORCHRL_KEYS` maps its fields to the keys of torchrl's rollout TensorDict, which
+``RolloutFromModel`` returns and the reward-shaping transforms read and write.
 """
 from __future__ import annotations
 
 import torch
-from tensordict import TensorClass
+from tensordict import TensorClass, TensorDict, TensorDictBase
 
 
 class Tokens(TensorClass["nocast"]):
@@ -66,3 +70,103 @@ def left_pad(ids: torch.Tensor, mask: torch.Tensor, pad_token_id: int) -> tuple[
     # stable sort puts pads (key 0) first and keeps the order of real tokens (key 1)
     order = torch.sort(mask.long(), dim=-1, stable=True).indices
     return ids.gather(-1, order).masked_fill(~mask.gather(-1, order), pad_token_id), mask.gather(-1, order)
+
+
+
+def right_pad(ids: torch.Tensor, mask: torch.Tensor, pad_token_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Move every row's real tokens to the left end (right padding), vectorised. ``[B, L]`` → ``[B, L]``.
+
+    What reward models with torchrl's ``GPT2RewardModel`` interface expect: they read the end score at
+    position ``mask.sum(-1) - 1`` and number positions from 0 at the first column."""
+    mask = mask.bool()
+    order = torch.sort((~mask).long(), dim=-1, stable=True).indices  # real tokens (key 0) first, in order
+    return ids.gather(-1, order).masked_fill(~mask.gather(-1, order), pad_token_id), mask.gather(-1, order)
+
+
+class Rollout(TensorClass["nocast", "shadow"]):
+    """One batch of scored rollouts, batch size ``[B]``; ``T`` response tokens, ``P`` prompt tokens.
+
+    ===================  ===========  ==================================  =======================================
+    field                shape        torchrl key (:data:`TORCHRL_KEYS`)  meaning
+    ===================  ===========  ==================================  =======================================
+    ``tokens``           Tokens [B]   ``tokens``                          prompt [B, P] / response [B, T] / full ids
+    ``masks``            Masks [B]    ``masks``                           their masks; response: up to and incl. EOS
+    ``sample_log_prob``  [B, T]       ``sample_log_prob``                 log π_old(a_t|s_t), sampling distribution
+    ``values``           [B, T]       ``values``                          V(s_t) of the critic (None: no critic)
+    ``ref_log_prob``     [B, T]       ``("ref_log_probs", "response")``   log π_ref(a_t|s_t) (None: no reference)
+    ``kl``               [B, T]       ``("next", "kl")``                  per-token KL estimate, 0 outside response
+    ``kl_per_sequence``  [B]          ``kl_per_sequence``                 Σ_t kl (nats): what the KL controller sees
+    ``kl_coef``          [B]          ``kl_coef``                         β the reward was shaped with
+    ``score_raw``        [B]          ``("next", "score_raw")``           weighted sum of the reward sources
+    ``score``            [B]          ``("next", "score")``               after score shaping (baseline, EOS penalty, clip)
+    ``score_ref``        [B]          ``("next", "score_ref")``           score of the reference response (or None)
+    ``reward_sources``   TensorDict   ``reward_sources``                  each source's raw score [B], keyed by name
+    ``reward_raw``       [B, T]       ``("next", "reward_raw")``          score at the done step, 0 elsewhere
+    ``reward_kl``        [B, T]       ``("next", "reward_kl")``           −β · kl (0 when the KL goes in the loss)
+    ``reward``           [B, T]       ``("next", "reward")``              per-token reward: reward_raw + reward_kl
+    ``done``             [B, T] bool  ``("next", "done")``                last response token (EOS or cut at T)
+    ``terminated``       [B, T] bool  ``("next", "terminated")``          done with an EOS
+    ``truncated``        [B, T] bool  ``("next", "truncated")``           done without an EOS
+    ``advantage``        [B, T]       ``advantage``                       the estimator's (whitened) advantage
+    ``advantage_raw``    [B, T]       ``advantage_raw``                   before whitening
+    ``returns``          [B, T]       ``returns``                         value targets (None: no critic)
+    ===================  ===========  ==================================  =======================================
+
+    Indexing (``rollout[idx]``) selects rows, so minibatches are rollouts too. Fields an algorithm does
+    not use stay ``None``.
+    """
+
+    tokens: Tokens | None = None
+    masks: Masks | None = None
+    sample_log_prob: torch.Tensor | None = None
+    values: torch.Tensor | None = None
+    ref_log_prob: torch.Tensor | None = None
+    kl: torch.Tensor | None = None
+    kl_per_sequence: torch.Tensor | None = None
+    kl_coef: torch.Tensor | None = None
+    score_raw: torch.Tensor | None = None
+    score: torch.Tensor | None = None
+    score_ref: torch.Tensor | None = None
+    reward_sources: TensorDict | None = None
+    reward_raw: torch.Tensor | None = None
+    reward_kl: torch.Tensor | None = None
+    reward: torch.Tensor | None = None
+    done: torch.Tensor | None = None
+    terminated: torch.Tensor | None = None
+    truncated: torch.Tensor | None = None
+    advantage: torch.Tensor | None = None
+    advantage_raw: torch.Tensor | None = None
+    returns: torch.Tensor | None = None
+
+    @classmethod
+    def from_torchrl(cls, td: TensorDictBase) -> "Rollout":
+        """The typed view of a torchrl-style rollout TensorDict (shares its tensors, copies nothing)."""
+        present = set(td.keys(include_nested=True))
+        fields = {name: td.get(key) for name, key in TORCHRL_KEYS.items() if key in present}
+        return cls(**fields, batch_size=td.batch_size[:1], device=td.device)
+
+    def to_torchrl(self) -> TensorDict:
+        """The torchrl-style TensorDict of this rollout (the keys of :data:`TORCHRL_KEYS`, plus
+        ``action`` and ``("log_probs", "response")``, both torchrl's names for existing fields)."""
+        td = TensorDict({}, batch_size=self.batch_size, device=self.device)
+        for name, key in TORCHRL_KEYS.items():
+            value = getattr(self, name)
+            if value is not None:
+                td.set(key, value)
+        if self.tokens is not None:
+            td.set("action", self.tokens.response)
+        if self.sample_log_prob is not None:
+            td.set("log_probs", LogProbs(response=self.sample_log_prob, batch_size=self.batch_size))
+        return td
+
+
+# Rollout field -> key of the torchrl-style rollout TensorDict (RolloutFromModel's output, the transforms' input)
+TORCHRL_KEYS: dict[str, str | tuple[str, ...]] = {
+    "tokens": "tokens", "masks": "masks", "sample_log_prob": "sample_log_prob", "values": "values",
+    "ref_log_prob": ("ref_log_probs", "response"), "kl": ("next", "kl"), "kl_per_sequence": "kl_per_sequence",
+    "kl_coef": "kl_coef", "score_raw": ("next", "score_raw"), "score": ("next", "score"),
+    "score_ref": ("next", "score_ref"), "reward_sources": "reward_sources", "reward_raw": ("next", "reward_raw"),
+    "reward_kl": ("next", "reward_kl"), "reward": ("next", "reward"), "done": ("next", "done"),
+    "terminated": ("next", "terminated"), "truncated": ("next", "truncated"), "advantage": "advantage",
+    "advantage_raw": "advantage_raw", "returns": "returns",
+}

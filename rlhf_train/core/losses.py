@@ -27,8 +27,14 @@ def policy_loss(
 
     stats: clipfrac (fraction of tokens where the clipped term is the larger one),
     approx_kl (masked mean of (ratio - 1) - log ratio, the k3 estimator), ratio_mean.
+
+    Entries outside ``mask`` take no part, whatever they hold: a padding token outside the top-k / top-p
+    set has log pi = -inf there, and the log ratio is set to 0 before ``exp`` so that neither the stats nor
+    the gradient see inf - inf (inside the mask the values are unchanged, bit for bit).
     """
-    log_ratio = log_probs - old_log_probs
+    inside = mask if mask.dtype == torch.bool else mask != 0
+    log_ratio = torch.where(inside, log_probs - old_log_probs, torch.zeros((), dtype=log_probs.dtype,
+                                                                           device=log_probs.device))
     ratio = torch.exp(log_ratio)
     pg_loss1 = -advantages * ratio
     pg_loss2 = -advantages * torch.clamp(ratio, 1.0 - clip_eps, 1.0 + clip_eps)

@@ -1,13 +1,30 @@
-"""The three models of RLHF: the policy (with its value head), the frozen reference, the reward model.
+"""The sampling distribution, shared by generation and the loss: temperature, then top-k, then top-p.
 
-All three are ordinary ``transformers`` models. rlhf_train adds two small heads on top of a
-transformer trunk and one rule: every per-token quantity (log-probs, values, reference log-probs,
-rewards) comes from **one forward pass over prompt + response**, with logits computed only at the
-response positions (the LM head is the most expensive matmul for small models with big vocabularies).
+The log-probs PPO computes must be those of the distribution tokens were sampled from, or the first
+PPO ratio is not 1; so the rollout and the update both go through :func:`process_logits`.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How responses are sampled (the ``rollout`` config's ``temperature`` / ``top_k`` / ``top_p``).
+
+    The policy's log-probs are taken under this distribution; the reference model scores under the
+    ``temperature`` alone (:meth:`for_reference`), as TRL and torchrl do: a filter of its own would
+    give log π_ref = −inf (an infinite KL) to a sampled token outside it.
+    """
+
+    temperature: float = 1.0
+    top_k: int = 0        # 0 = off
+    top_p: float = 1.0    # 1.0 = off
+
+    def for_reference(self) -> "SamplingParams":
+        return SamplingParams(self.temperature, 0, 1.0)
 
 
 # --------------------------------------------------------------------------------------------

@@ -1,32 +1,21 @@
-"""``RolloutFromModel``: a drop-in for ``torchrl.data.llm.RolloutFromModel``, without its defects.
+"""Generation with Hugging Face ``generate`` (KV-cached), an inverse-CDF sampler and a value hook.
 
-Same constructor, methods and output keys as torchrl's; what differs (see ``anchors.md``):
-
-* EOS and pad ids come from the tokenizer / model config, never the constant 50256;
-* tokens are stored once per sequence (``Tokens.full [B, P+T]`` + ``Masks.response [B, T]``), never
-  once per timestep (``[B, T, L]``); per-token fields are ``[B, T]`` (torchrl's trailing ``1`` dropped);
-* ``sample_log_prob`` is the log-prob under the distribution the token was sampled from (temperature,
-  top-k, top-p applied: ``process_logits``, which the PPO loss applies too), so the first PPO ratio is 1
-  (to float32 rounding when it is read off ``generate``'s steps, see ``logprobs_from_generate``);
-* ``kl_coef`` is a property reading the KL controller, so the rollout and the controller never disagree;
-* the controller is fed the mean **per-sequence** KL with ``n_steps`` = number of sequences (Ziegler §2.2);
-* reward shaping is delegated to the transform stack (:mod:`rlhf_train.rewards.transforms`);
-* the EOS token is an action like any other: it gets a log-prob, a KL term and the reward (N+).
-
-Per iteration the cost is one KV-cached ``generate``, whose steps also give the policy's log-probs and
-values (:class:`InverseCDFSampler` draws each token and records its log-prob; a forward hook on the
-trunk keeps the hidden state the value head reads), plus one batched forward pass over prompt + response
-for each of the reference and the reward model. With ``logprobs_from_generate=False`` (the trainer's
-choice under mixed precision) the policy gets its own scoring pass as well.
+Per call: one ``generate``. :class:`InverseCDFSampler` draws each token inside it and records the
+token's log-prob under the sampling distribution; a forward hook on the trunk keeps the hidden state
+the value head reads. So the policy's log-probs and values come with the tokens, and the rollout needs
+no second policy pass over prompt + response (they agree with that pass to float32 rounding, ~1e-6).
 """
 from __future__ import annotations
 
 import contextlib
+from typing import Callable
 
 import torch
-from transformers import LogitsProcessor
+from transformers import LogitsProcessor, LogitsProcessorList
 
-from rlhf_train.core.sampling import process_logits
+from rlhf_train.core.containers import response_mask_from_tokens
+from rlhf_train.core.sampling import SamplingParams, process_logits
+from rlhf_train.generation.base import Generation
 
 
 class InverseCDFSampler(LogitsProcessor):
@@ -81,3 +70,63 @@ def _stack_steps(steps: list[torch.Tensor], T: int) -> torch.Tensor:
     if out.shape[1] < T:
         out = torch.cat([out, out.new_zeros(out.shape[0], T - out.shape[1], *out.shape[2:])], dim=1)
     return out
+
+
+class HFGenerateBackend:
+    """:class:`~rlhf_train.generation.base.GenerationBackend` over a ``transformers`` causal LM's ``generate``.
+
+    Args:
+        model: the policy: a :class:`~rlhf_train.models.policy.PolicyWithValue` (its ``lm`` generates, its
+            ``value_head`` gives values) or a plain causal LM (no values).
+        eos_token_id, pad_token_id: generation stops at EOS; the response is padded with ``pad_token_id``.
+        max_new_tokens: response length ``T``.
+        sampling: the sampling distribution (:class:`~rlhf_train.core.sampling.SamplingParams`).
+        do_sample: ``False`` = greedy decoding (deterministic tests; no log-probs from the steps).
+        with_scores: return the sampling log-probs (and values) read off ``generate``'s steps.
+        unwrap_fn: unwraps a DDP / FSDP / Accelerate-prepared model.
+    """
+
+    def __init__(self, model, *, eos_token_id: int, pad_token_id: int, max_new_tokens: int,
+                 sampling: SamplingParams = SamplingParams(), do_sample: bool = True, with_scores: bool = True,
+                 unwrap_fn: Callable | None = None):
+        self.model, self.eos_token_id, self.pad_token_id = model, eos_token_id, pad_token_id
+        self.max_new_tokens, self.sampling, self.do_sample = max_new_tokens, sampling, do_sample
+        self.with_scores, self.unwrap_fn = with_scores, unwrap_fn or (lambda m: m)
+
+    @torch.no_grad()
+    def generate(self, prompt: torch.Tensor, prompt_mask: torch.Tensor, num_samples: int = 1,
+                 generation_config=None) -> Generation:
+        """See :meth:`GenerationBackend.generate`. ``generation_config`` (torchrl's API) replaces the
+        sampler with ``generate``'s own decoding; no log-probs or values are returned then."""
+        if num_samples > 1:  # samples of one prompt stay adjacent (the advantage estimators' groups)
+            prompt, prompt_mask = prompt.repeat_interleave(num_samples, 0), prompt_mask.repeat_interleave(num_samples, 0)
+        base = self.unwrap_fn(self.model)
+        lm = getattr(base, "lm", base)
+        kwargs = dict(max_new_tokens=self.max_new_tokens, eos_token_id=self.eos_token_id,
+                      pad_token_id=self.pad_token_id, use_cache=True)
+        sampler = None
+        if generation_config is None:
+            # sampling happens in InverseCDFSampler; generate's own step is then greedy (picks its token)
+            kwargs.update(do_sample=False)
+            if self.do_sample:
+                s = self.sampling
+                sampler = InverseCDFSampler(s.temperature, s.top_k, s.top_p)
+                kwargs["logits_processor"] = LogitsProcessorList([sampler])
+        else:
+            kwargs["generation_config"] = generation_config
+        with_scores = self.with_scores and sampler is not None
+        value_head = getattr(base, "value_head", None) if with_scores else None
+        with last_hidden_per_step(lm.base_model) if value_head is not None else contextlib.nullcontext() as hidden:
+            out = lm.generate(input_ids=prompt, attention_mask=prompt_mask.long(), **kwargs)
+        T = self.max_new_tokens
+        response = out[:, prompt.shape[1]:]
+        if response.shape[1] < T:
+            pad = response.new_full((response.shape[0], T - response.shape[1]), self.pad_token_id)
+            response = torch.cat([response, pad], dim=1)
+        # anything after the first EOS is padding, whatever generate put there
+        response = response.masked_fill(~response_mask_from_tokens(response, self.eos_token_id), self.pad_token_id)
+        if not with_scores:
+            return Generation(response)
+        log_probs = _stack_steps(sampler.log_probs, T).float()
+        values = value_head(_stack_steps(hidden, T)).float() if value_head is not None else None
+        return Generation(response, log_probs, values)

@@ -221,3 +221,21 @@ def wandb_names(task_name: str | None = None) -> tuple[str | None, str | None]:
     sweep = Path(str(hc.sweep.dir)).resolve().name
     group = sweep if (not task_name or task_name in sweep) else f"{task_name}-{sweep}"
     return group, hc.job.override_dirname or f"job{hc.job.num}"
+
+
+def write_final_metrics(run_dir: str | Path, metrics: dict, history: list[dict]) -> None:
+    """``final_metrics.json``: the last iteration's metrics and the per-iteration history (for sweeps)."""
+    path = Path(run_dir) / "final_metrics.json"
+    # a resumed run (or a re-run of a finished one) extends what the earlier part of the run wrote
+    if path.exists():
+        try:
+            old = json.loads(path.read_text())
+        except (OSError, ValueError):
+            old = {}
+        first = history[0]["iteration"] if history else float("inf")
+        history = [h for h in old.get("history", []) if h.get("iteration", 0) < first] + list(history)
+        metrics = metrics or old.get("metrics", {})
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps({"iteration": history[-1]["iteration"] if history else 0,
+                               "metrics": metrics, "history": history}, default=float))
+    os.replace(tmp, path)

@@ -144,6 +144,51 @@ def check_reward_model(reward_model, dataset) -> None:
                           f"it returned {got}, expected (rewards [{n}, L], end_scores [{n}]); check reward_model")
 
 
+def build_algorithm(cfg: DictConfig):
+    """``(algorithm, update config, sampling params)``: the typed sections the update reads, from the
+    ``ppo``, ``trainer`` and ``rollout`` config sections (the update never sees the whole config)."""
+    from rlhf_train.algorithms.ppo import PPO, PPOConfig
+    from rlhf_train.algorithms.update import UpdateConfig
+    from rlhf_train.core.sampling import SamplingParams
+
+    ppo = PPOConfig(**OmegaConf.to_container(cfg.ppo, resolve=True))
+    update = UpdateConfig(num_epochs=ppo.num_epochs, minibatch_size=ppo.minibatch_size,
+                          gradient_accumulation_steps=ppo.gradient_accumulation_steps, max_grad_norm=ppo.max_grad_norm,
+                          max_consecutive_faults=cfg.trainer.max_consecutive_faults)
+    sampling = SamplingParams(cfg.rollout.temperature, cfg.rollout.top_k, cfg.rollout.top_p)
+    return PPO(ppo), update, sampling
+
+
+def build_rollout(cfg: DictConfig, comps: Components, policy, accelerator, run_dir):
+    """``RolloutFromModel`` over the prepared policy: the HF ``generate`` backend, the reward model as the
+    reward source, the reference pass (in-process or a Ray service) and the transform stack from the config.
+    No KL controller is handed to it: the loop owns the controller and passes its coefficient per call."""
+    from rlhf_train.infra.distributed import in_policy_precision
+    from rlhf_train.rewards.transforms import build_transform_stack
+    from rlhf_train.rollout.rollout_from_model import RolloutFromModel
+
+    ref_fn = None
+    if cfg.transforms.get("ref_logprob") and cfg.transforms.ref_logprob.get("use_ray_service"):
+        from rlhf_train.models.ray_reference import ray_ref_log_prob_fn
+
+        ref_fn = ray_ref_log_prob_fn(cfg, comps.ref_model, run_dir)
+        comps.ref_model.to("cpu")  # the actor holds the reference now; free the accelerator's memory
+    r = cfg.rollout
+    rollout = RolloutFromModel(
+        policy, comps.ref_model, comps.reward_model, max_new_tokens=r.max_new_tokens, score_clip=r.score_clip,
+        tokenizer=comps.tokenizer, temperature=r.temperature, top_k=r.top_k, top_p=r.top_p, do_sample=r.do_sample,
+        logprob_batch_size=r.logprob_batch_size, unwrap_fn=accelerator.unwrap_model, ref_log_prob_fn=ref_fn,
+        # log-probs and values straight from generate's steps (no second policy pass), unless the loss's
+        # forward runs under autocast while generate does not: then one scoring pass keeps ratio 1 exact
+        logprobs_from_generate=accelerator.mixed_precision == "no",
+    )
+    if ref_fn is None and accelerator.mixed_precision != "no":
+        rollout.ref_log_prob_fn = in_policy_precision(rollout.ref_log_prob_fn, accelerator)
+    rollout.transforms = build_transform_stack(cfg.transforms, ref_log_prob_fn=rollout.ref_log_prob_fn,
+                                               eos_token_id=rollout.eos_token_id)
+    return rollout
+
+
 def make_lr_scheduler(cfg: DictConfig, optimizer, num_update_steps: int):
     from transformers import get_scheduler
 

@@ -128,8 +128,9 @@ def get_or_create_actor(ray, name: str, factory: LoadReference, options: dict, r
     actor = remote_cls.options(
         name=name, namespace=options["namespace"], get_if_exists=True,
         lifetime="detached" if options["detached"] else None,
-    ).remote(factory, float(rollout_cfg.temperature), int(rollout_cfg.top_k), float(rollout_cfg.top_p),
-             rollout_cfg.logprob_batch_size, options["device"])
+    # the reference scores under the sampling temperature only (no top-k / top-p filter of its own:
+    # a sampled token outside it would get log pi_ref = -inf, an infinite KL)
+    ).remote(factory, float(rollout_cfg.temperature), 0, 1.0, rollout_cfg.logprob_batch_size, options["device"])
     ray.get(actor.ready.remote())  # surfaces load errors here, before training starts
     return actor
 

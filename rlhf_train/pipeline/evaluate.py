@@ -39,6 +39,7 @@ def evaluate_policy(lm, ref_lm, reward_model, tokenizer, prompts, cfg: DictConfi
     from rlhf_train.rollout.rollout_from_model import RolloutFromModel
 
     r, e = cfg.rollout, cfg.evaluation
+    # no KL controller and β = 0: the KL to the reference is only measured here
     rollout = RolloutFromModel(lm, ref_lm, reward_model, kl_coef=0.0, max_new_tokens=r.max_new_tokens,
                                score_clip=None, tokenizer=tokenizer, temperature=r.temperature, top_k=r.top_k,
                                top_p=r.top_p, do_sample=r.do_sample, logprob_batch_size=r.logprob_batch_size)
@@ -48,7 +49,6 @@ def evaluate_policy(lm, ref_lm, reward_model, tokenizer, prompts, cfg: DictConfi
     out: dict[str, list] = {"prompt": [], "continuation": [], "score": [], "kl": []}
     for batch in DataLoader(prompts, batch_size=e.batch_size, shuffle=False, collate_fn=collate):
         td = rollout.rollout_from_data(batch)
-        rollout._kl_queue.clear()
         tokens, masks = td["tokens"], td["masks"]
         response = tokens.response.masked_fill(~masks.response, tokenizer.pad_token_id)
         prompt = tokens.prompt.masked_fill(~masks.prompt, tokenizer.pad_token_id)

@@ -81,24 +81,6 @@ def run_job(fn: Callable[[DictConfig], Any], cfg: DictConfig) -> Any:
         return JobFailed(error)
 
 
-def write_final_metrics(run_dir: str | Path, metrics: dict, history: list[dict]) -> None:
-    """``final_metrics.json``: the last iteration's metrics and the per-iteration history (for sweeps)."""
-    path = Path(run_dir) / "final_metrics.json"
-    # a resumed run (or a re-run of a finished one) extends what the earlier part of the run wrote
-    if path.exists():
-        try:
-            old = json.loads(path.read_text())
-        except (OSError, ValueError):
-            old = {}
-        first = history[0]["iteration"] if history else float("inf")
-        history = [h for h in old.get("history", []) if h.get("iteration", 0) < first] + list(history)
-        metrics = metrics or old.get("metrics", {})
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps({"iteration": history[-1]["iteration"] if history else 0,
-                               "metrics": metrics, "history": history}, default=float))
-    os.replace(tmp, path)
-
-
 # --------------------------------------------------------------------------------------------
 # The callback (registered in conf/config.yaml under hydra.callbacks)
 # --------------------------------------------------------------------------------------------

@@ -68,7 +68,11 @@ class _RolloutTransform(Transform):
 class MissingEOSPenalty(_RolloutTransform):
     """Responses that never emit EOS get the fixed score ``penalty`` (N+ implementation details).
 
-    ``penalty: null`` leaves scores untouched (the torchrl-compatible default).
+    It must run *after* :class:`ReferenceBaseline` (as ``conf/transforms/default.yaml`` orders them): run
+    before it, a response without EOS would get ``penalty − score_ref`` instead (penalty −1 with a
+    reference score of −2 gives +1, a reward for not stopping). Only a :class:`ScoreClip` after it can
+    change the penalty (when ``|penalty| > clip``). ``penalty: null`` leaves scores untouched (the
+    torchrl-compatible default).
     """
 
     def __init__(self, penalty: float | None = None, score_key: Key = ("next", "score"),
@@ -92,7 +96,10 @@ class MissingEOSPenalty(_RolloutTransform):
 
 class ReferenceBaseline(_RolloutTransform):
     """``score ← score − score_ref``: the reward model's score of the reference response (TL;DR's
-    human summary) is the baseline, as in torchrl / trlX. A no-op when the batch has no reference."""
+    human summary) is the baseline, as in torchrl / trlX. A no-op when the batch has no reference.
+
+    The first entry of the default stack: :class:`MissingEOSPenalty` comes after it, so that a
+    response without EOS gets the fixed penalty and not the penalty minus the baseline."""
 
     def __init__(self, score_key: Key = ("next", "score"), baseline_key: Key = ("next", "score_ref")):
         super().__init__(in_keys=[_key(score_key), _key(baseline_key)], out_keys=[_key(score_key)])
@@ -191,7 +198,7 @@ class RewardAdjustmentTransform(_RolloutTransform):
     fallback when that entry is absent (e.g. inside a torchrl env).
     """
 
-    def __init__(self, coef: float = 0.1, coef_key: Key = "kl_coef", score_key: Key = ("next", "score"),
+    def __init__(self, coef: float | None = None, coef_key: Key = "kl_coef", score_key: Key = ("next", "score"),
                  kl_key: Key = ("next", "kl"), done_key: Key = ("next", "done"),
                  reward_key: Key = ("next", "reward"), reward_raw_key: Key = ("next", "reward_raw"),
                  reward_kl_key: Key = ("next", "reward_kl")):
@@ -204,7 +211,11 @@ class RewardAdjustmentTransform(_RolloutTransform):
     def forward(self, td: TensorDictBase) -> TensorDictBase:
         kl = td.get(self.kl_key)
         coef = td.get(self.coef_key, None)
-        coef = torch.full(kl.shape[:1], float(self.coef), device=kl.device) if coef is None else coef
+        if coef is None:
+            if self.coef is None:
+                raise ConfigError(f"transforms.reward: the rollout carries no {self.coef_key!r} entry and no "
+                                  f"transforms.reward.coef is set")
+            coef = torch.full(kl.shape[:1], float(self.coef), device=kl.device)
         reward_raw = td.get(self.score_key)[:, None] * td.get(self.done_key).float()
         reward_kl = -coef[:, None] * kl
         td.set(self.reward_raw_key, reward_raw)
@@ -224,42 +235,6 @@ class RewardWhitening(_RolloutTransform):
     def forward(self, td: TensorDictBase) -> TensorDictBase:
         if self.enabled:
             td.set(self.reward_key, masked_whiten(td.get(self.reward_key), td.get(self.mask_key), self.shift_mean))
-        return td
-
-
-class KLConstrainedTransform(Compose):
-    """The three KL transforms composed: reference log-prob → KL estimate → reward adjustment."""
-
-    def __init__(self, ref_log_prob_fn: Callable | None = None, coef: float = 0.1, estimator: str = "k1",
-                 **reward_kwargs):
-        super().__init__(
-            ReferenceModelLogProbTransform(ref_log_prob_fn),
-            KLDivergenceTransform(estimator),
-            RewardAdjustmentTransform(coef, **reward_kwargs),
-        )
-
-
-class KLRewardTransform(_RolloutTransform):
-    """The one-step form: ``reward ← reward − coef · KL`` with the reference log-probs computed inline.
-
-    Adds ``reward_kl``, ``kl`` and ``ref_log_probs`` like torchrl's ``KLRewardTransform``. Expects a
-    ``reward`` (e.g. ``reward_raw`` copied in) and overwrites it.
-    """
-
-    def __init__(self, ref_log_prob_fn: Callable | None = None, coef: float = 0.1, estimator: str = "k1",
-                 reward_key: Key = ("next", "reward")):
-        super().__init__(in_keys=[_key(reward_key)], out_keys=[_key(reward_key)])
-        self.ref = ReferenceModelLogProbTransform(ref_log_prob_fn)
-        self.kl = KLDivergenceTransform(estimator)
-        self.coef, self.reward_key = coef, _key(reward_key)
-
-    def forward(self, td: TensorDictBase) -> TensorDictBase:
-        td = self.kl(self.ref(td))
-        coef = td.get("kl_coef", None)
-        coef = torch.full(td.batch_size[:1], float(self.coef)) if coef is None else coef
-        reward_kl = -coef[:, None] * td.get(("next", "kl"))
-        td.set(("next", "reward_kl"), reward_kl)
-        td.set(self.reward_key, td.get(self.reward_key) + reward_kl)
         return td
 
 

@@ -1,0 +1,60 @@
+"""The algorithm seam: how advantages are estimated, what the loss is, whether there is a critic, and
+where the KL term goes.
+
+A new algorithm goes in ``rlhf_train/algorithms/<name>.py`` as a class with the attributes and methods
+of :class:`Algorithm` (its math as pure functions in ``rlhf_train/core/``), plus a config; the loop
+(``rlhf_train/loop/trainer.py``) and the minibatch update (:mod:`rlhf_train.algorithms.update`) stay as
+they are. A new advantage estimator is a pure function in ``rlhf_train/core/advantages.py`` wrapped as
+an :class:`AdvantageEstimator`. Today's implementation: :class:`rlhf_train.algorithms.ppo.PPO` with
+:class:`rlhf_train.algorithms.ppo.GAE`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Protocol
+
+import torch
+
+from rlhf_train.core.containers import Rollout
+
+# sums a tensor over all processes (None: one process); what the estimators' batch statistics use
+AllReduceSum = Callable[[torch.Tensor], torch.Tensor]
+
+
+class AdvantageEstimator(Protocol):
+    """``rollout -> (advantages [B, T], returns [B, T] or None)``, 0 outside ``rollout.masks.response``.
+
+    ``returns`` are the critic's targets (``None`` without a critic). An estimator that normalises may
+    set ``rollout.advantage_raw`` (before normalisation; logged as ``val/advantage_mean_raw``). Batch statistics (whitening, group
+    baselines across the batch) go over all processes through ``all_reduce_sum``."""
+
+    def __call__(self, rollout: Rollout, all_reduce_sum: AllReduceSum | None = None
+                 ) -> tuple[torch.Tensor, torch.Tensor | None]: ...
+
+
+@dataclass
+class PolicyOutput:
+    """The update's one forward pass of the policy over a minibatch's prompt + response.
+
+    ``log_probs [b, T]`` of the rollout's tokens under the sampling distribution; ``entropy [b, T]`` of
+    that distribution (``None`` when not asked for); ``values [b, T]`` (``None`` without a critic)."""
+
+    log_probs: torch.Tensor
+    entropy: torch.Tensor | None
+    values: torch.Tensor | None
+
+
+class Algorithm(Protocol):
+    """An RL algorithm as the loop sees it."""
+
+    needs_critic: bool      # a value head is built, trained (value loss) and read during rollouts
+    kl_in_reward: bool      # True: the KL penalty is shaped into the per-token reward (the transform stack)
+                            # False: the algorithm puts it in its loss (the rollout still carries ref log-probs)
+    needs_entropy: bool     # the loss uses the policy entropy (an entropy bonus): computed every epoch
+    estimator: AdvantageEstimator
+
+    def loss(self, out: PolicyOutput, mb: Rollout) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """``(loss, stats)`` of one micro-batch ``mb``: the loss a **mean over its response tokens** (the
+        update rescales it to a mean over all processes' tokens); stats are detached scalars named as in
+        the README's metric glossary (``loss/policy``, ``policy/clipfrac``, ...)."""
+        ...

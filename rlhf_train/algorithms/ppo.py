@@ -1,0 +1,90 @@
+"""PPO (Schulman et al. 2017) with GAE (Schulman et al. 2016) over response tokens, KL in the reward.
+
+The math is in ``rlhf_train/core/`` (:func:`~rlhf_train.core.advantages.gae`,
+:func:`~rlhf_train.core.losses.policy_loss`, :func:`~rlhf_train.core.losses.value_loss`,
+:func:`~rlhf_train.core.masked.global_masked_whiten`); this module only wires it to a :class:`Rollout`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from rlhf_train.algorithms.base import AllReduceSum, PolicyOutput
+from rlhf_train.core.advantages import gae
+from rlhf_train.core.containers import Rollout
+from rlhf_train.core.losses import policy_loss, value_loss
+from rlhf_train.core.masked import global_masked_whiten, masked_mean
+
+
+@dataclass
+class PPOConfig:
+    """The ``ppo`` config section (conf/ppo/default.yaml explains each key)."""
+
+    num_epochs: int = 4
+    minibatch_size: int = 16
+    gradient_accumulation_steps: int = 1
+    clip_eps: float = 0.2
+    clip_eps_value: float = 0.2
+    vf_coef: float = 0.1
+    ent_coef: float = 0.0
+    gamma: float = 1.0
+    lam: float = 0.95
+    whiten_advantages: bool = True
+    max_grad_norm: float | None = 1.0
+
+
+def finite_rows(rollout: Rollout) -> torch.Tensor:
+    """``[B]``: True where the row's rewards, sampling log-probs, values, advantages and returns (those
+    present) are all finite. A faulty row must not poison the others' statistics or gradients."""
+    ok = torch.ones(rollout.batch_size[0], dtype=torch.bool, device=rollout.device)
+    for x in (rollout.reward, rollout.sample_log_prob, rollout.values, rollout.advantage, rollout.returns):
+        if x is not None:
+            ok &= torch.isfinite(x).flatten(1).all(-1)
+    return ok
+
+
+class GAE:
+    """Generalised advantage estimation (Schulman et al. 2016, eq. 16) over the per-token reward,
+    whitened over all processes' response tokens (rows that are not finite take no part)."""
+
+    def __init__(self, gamma: float = 1.0, lam: float = 0.95, whiten: bool = True):
+        self.gamma, self.lam, self.whiten = gamma, lam, whiten
+
+    def __call__(self, rollout: Rollout, all_reduce_sum: AllReduceSum | None = None):
+        mask = rollout.masks.response
+        advantages, returns = gae(rollout.reward, rollout.values, mask, self.gamma, self.lam)
+        rollout.advantage_raw = advantages  # logged as val/advantage_mean_raw
+        if self.whiten:
+            ok = finite_rows(rollout) & torch.isfinite(returns).all(-1)
+            advantages = global_masked_whiten(advantages, mask & ok[:, None], all_reduce_sum)
+        return advantages, returns
+
+
+class PPO:
+    """Clipped surrogate + clipped value loss (+ optional entropy bonus); KL penalty in the reward."""
+
+    needs_critic = True
+    kl_in_reward = True
+
+    def __init__(self, cfg: PPOConfig):
+        self.cfg = cfg
+        self.needs_entropy = bool(cfg.ent_coef)
+        self.estimator = GAE(cfg.gamma, cfg.lam, cfg.whiten_advantages)
+
+    def loss(self, out: PolicyOutput, mb: Rollout) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        mask = mb.masks.response
+        pg_loss, pg_stats = policy_loss(out.log_probs, mb.sample_log_prob, mb.advantage, mask, self.cfg.clip_eps)
+        vf_loss, vf_stats = value_loss(out.values, mb.values, mb.returns, mask, self.cfg.clip_eps_value)
+        loss = pg_loss + self.cfg.vf_coef * vf_loss
+        stats = {
+            "loss/policy": pg_loss.detach(), "loss/value": vf_loss.detach(),
+            "policy/clipfrac": pg_stats["clipfrac"], "policy/approx_kl": pg_stats["approx_kl"],
+            "val/ratio": pg_stats["ratio_mean"], "val/clipfrac": vf_stats["clipfrac"],
+        }
+        if out.entropy is not None:
+            entropy = masked_mean(out.entropy, mask)
+            if self.cfg.ent_coef:  # with no bonus the entropy is only logged: no backward pass through it
+                loss = loss - self.cfg.ent_coef * entropy
+            stats["policy/entropy"] = entropy.detach()
+        return loss, stats
