@@ -4,7 +4,7 @@ Run it as ``[accelerate launch ...] tests/dist_worker.py <hydra overrides>`` wit
 set. Each process then writes ``rank<r>.pt`` there, holding:
 
 * ``prompts``: the dataset indices of each iteration's prompt batch (``[B]`` per iteration)
-* ``local_metrics`` / ``reduced_metrics``: what ``trainer.reduce_metrics`` got and returned
+* ``local_metrics`` / ``reduced_metrics``: what ``rlhf_train.infra.distributed.reduce_metrics`` got and returned
 * ``first_grad``: the gradients at the first optimizer step (after DDP's all-reduce), in parameter order
 * ``params``: the policy's parameters after training
 * ``num_processes``: the process count the trainer's Accelerator saw

@@ -3,11 +3,12 @@
 1. ``logprobs_and_entropy`` (blockwise, vocabulary-major, gradient written in place) equals
    ``logprobs_of_labels`` + ``entropy_from_logits``, values and gradients, with and without temperature,
    with several vocabulary blocks, and its gradient passes ``gradcheck`` in float64.
-2. ``models.response_logprobs`` (what the policy's forward pass and the reference pass use) equals the
-   plain ``process_logits`` + ``logprobs_of_labels`` path, with and without gradients, for a token count
-   that is not a multiple of 8 (padded inside) and a head with a bias.
-3. ``rollout.InverseCDFSampler`` samples from ``softmax(process_logits(scores))`` (chi-square test on a
-   small vocabulary), never draws a token that top-k removed, and records the log-probs of its draws.
+2. ``models.scoring.response_logprobs`` (what the policy's forward pass and the reference pass use)
+   equals the plain ``process_logits`` + ``logprobs_of_labels`` path, with and without gradients, for a
+   token count that is not a multiple of 8 (padded inside) and a head with a bias.
+3. ``generation.hf_generate.InverseCDFSampler`` samples from ``softmax(process_logits(scores))``
+   (chi-square test on a small vocabulary), never draws a token that top-k removed, and records the
+   log-probs of its draws.
 
 Budget: < 10 s on 2 CPU cores. (Speed itself is measured in ``benchmarks/``, never in tests.)
 """

@@ -1,4 +1,4 @@
-"""Hand-checked tests for rlhf_train.kl_controllers."""
+"""Hand-checked tests for rlhf_train.rewards.kl_controllers."""
 
 import pytest
 import torch

@@ -8,17 +8,16 @@ import numpy as np
 import pytest
 import torch
 
+from rlhf_train.tasks.movie_reviews import bpe
 from rlhf_train.tasks.movie_reviews import data as mr
+from rlhf_train.tasks.movie_reviews.bpe import EOS_TOKEN, PAD_TOKEN, train_tokenizer
 from rlhf_train.tasks.movie_reviews.data import (
-    EOS_TOKEN,
-    PAD_TOKEN,
     SPLIT_NAMES,
     load_reviews,
     preference_pairs,
     prompts,
     sft_examples,
     split_reviews,
-    train_tokenizer,
 )
 from rlhf_train.tasks.movie_reviews.judge import SentimentJudge, train_judge
 
@@ -118,7 +117,7 @@ def test_tokenizer_reused_from_cache(tokenizer, tok_texts, tok_dir, monkeypatch)
     def no_training(*a, **k):
         raise AssertionError("tokenizer was retrained instead of loaded from cache")
 
-    monkeypatch.setattr(mr, "_build_tokenizer_object", no_training)
+    monkeypatch.setattr(bpe, "_build_tokenizer_object", no_training)
     again = train_tokenizer(tok_texts, vocab_size=2048, cache_dir=tok_dir)
     assert os.path.getmtime(entries[0] / "tokenizer.json") == mtime
     text = tok_texts[0]

@@ -1,13 +1,17 @@
-"""Pure tensor maths for PPO on language models.
+"""Advantage estimators over response tokens: generalised advantage estimation (GAE).
 
-Shapes: B = batch (sequences), T = response tokens, V = vocabulary.
-``mask`` is a bool or float ``[B, T]`` tensor: 1 on response tokens (a contiguous
-prefix of each row, up to and including EOS), 0 after.
+Shapes: B = batch (sequences), T = response tokens. ``rewards``, ``values`` and ``mask`` are ``[B, T]``;
+``mask`` is 1 on response tokens (a contiguous prefix of each row, up to and including EOS), 0 after.
+Each response token is one action with its own reward (e.g. a KL penalty at every token, the score at
+the last); the value after the last response token is 0 (the episode ends there).
 
-References:
-  PPO: Schulman et al. 2017, "Proximal Policy Optimization Algorithms".
-  GAE: Schulman et al. 2016, "High-Dimensional Continuous Control Using GAE".
-  KL estimators: Schulman 2020, "Approximating KL Divergence" (k1, k2, k3).
+Why a matmul: the backward recursion ``A_t = δ_t + γλ A_{t+1}`` would be T tiny kernel launches per
+batch; :func:`gae` computes the same sum as one ``[B, T] @ [T, T]`` product with a triangular discount
+matrix (T is at most a few hundred tokens, so the matrix is cheap).
+
+Reference:
+  Schulman et al. 2016, "High-Dimensional Continuous Control Using Generalized Advantage Estimation",
+  eq. 16: ``A_t = Σ_{l≥0} (γλ)^l δ_{t+l}``, ``δ_t = r_t + γ V(s_{t+1}) - V(s_t)``.
 """
 from __future__ import annotations
 

@@ -1,13 +1,13 @@
-"""Pure tensor maths for PPO on language models.
+"""Per-token estimators of KL(π || π_ref) from log-probs of tokens sampled from the policy π.
 
-Shapes: B = batch (sequences), T = response tokens, V = vocabulary.
-``mask`` is a bool or float ``[B, T]`` tensor: 1 on response tokens (a contiguous
-prefix of each row, up to and including EOS), 0 after.
+Shapes: B = batch (sequences), T = response tokens. ``log_p`` (policy) and ``log_q`` (reference) are
+``[B, T]`` log-probs of the *sampled* tokens only, so the estimate needs no vocabulary-wide sum: with
+``r = q / p``, ``k1 = -log r``, ``k2 = ½ (log r)²``, ``k3 = (r - 1) - log r``. k1 and k3 are unbiased;
+k2 and k3 are ≥ 0 per token (k2 at the price of a bias, k3 without). Summed over a response, k1 and
+k3 estimate the sequence KL that the KL penalty in the reward (``rlhf_train.rewards.transforms``) charges.
 
-References:
-  PPO: Schulman et al. 2017, "Proximal Policy Optimization Algorithms".
-  GAE: Schulman et al. 2016, "High-Dimensional Continuous Control Using GAE".
-  KL estimators: Schulman 2020, "Approximating KL Divergence" (k1, k2, k3).
+Reference:
+  Schulman 2020, "Approximating KL Divergence" (joschu.net): the estimators k1, k2, k3.
 """
 from __future__ import annotations
 

@@ -1,13 +1,20 @@
-"""Pure tensor maths for PPO on language models.
+"""Log-probs of the sampled tokens and the policy's entropy, from logits; and a fused kernel for both.
 
-Shapes: B = batch (sequences), T = response tokens, V = vocabulary.
-``mask`` is a bool or float ``[B, T]`` tensor: 1 on response tokens (a contiguous
-prefix of each row, up to and including EOS), 0 after.
+Shapes: B = batch (sequences), T = response tokens, V = vocabulary, N = tokens of a flattened batch.
+``logprobs_of_labels`` and ``entropy_from_logits`` take the usual ``[B, T, V]`` logits and return
+``[B, T]`` float32: ``log softmax(z)[label] = z_label - logsumexp(z)`` and
+``H(softmax(z)) = logsumexp(z) - Σ_v softmax(z)_v z_v`` (no log of a tiny probability).
 
-References:
-  PPO: Schulman et al. 2017, "Proximal Policy Optimization Algorithms".
-  GAE: Schulman et al. 2016, "High-Dimensional Continuous Control Using GAE".
-  KL estimators: Schulman 2020, "Approximating KL Divergence" (k1, k2, k3).
+Why a fused kernel (:func:`logprobs_and_entropy`): in a PPO update the LM head's logits are the
+largest tensors (hundreds of MB for a 50k vocabulary), and computing log-probs and entropy with the
+two plain functions above walks over them ~15 times and allocates ~8 more tensors of their size. The
+kernel takes the logits vocabulary-major (``[V, N]``, the layout ``W @ hᵀ`` writes 1.5x faster on CPU),
+makes one max pass and one cache-blocked pass over them, and its backward pass computes the gradient
+(``d log p_label / dz = onehot(label) - p``, ``dH/dz = -p (log p + H)``) in the logits' own memory
+when ``overwrite_logits=True``.
+Measured on one CPU core for one PPO minibatch (800 tokens x 50257), forward + backward of LM head,
+log-probs and entropy: 2.92 s -> 0.54 s (the head matmuls alone take 0.41 s); details in
+:class:`_LogProbsAndEntropy`. :func:`rlhf_train.models.scoring.response_logprobs` is its caller.
 """
 from __future__ import annotations
 

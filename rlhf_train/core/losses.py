@@ -1,13 +1,14 @@
-"""Pure tensor maths for PPO on language models.
+"""The losses of the policy update, per micro-batch: PPO's clipped surrogate and clipped value loss.
 
-Shapes: B = batch (sequences), T = response tokens, V = vocabulary.
-``mask`` is a bool or float ``[B, T]`` tensor: 1 on response tokens (a contiguous
-prefix of each row, up to and including EOS), 0 after.
+Shapes: all inputs ``[B, T]`` (B sequences, T response tokens); ``mask`` is 1 on response tokens (up
+to and including EOS). Losses are masked means over tokens; the update rescales them to a mean over all
+processes' tokens.
 
 References:
-  PPO: Schulman et al. 2017, "Proximal Policy Optimization Algorithms".
-  GAE: Schulman et al. 2016, "High-Dimensional Continuous Control Using GAE".
-  KL estimators: Schulman 2020, "Approximating KL Divergence" (k1, k2, k3).
+  Clipped surrogate: Schulman et al. 2017, "Proximal Policy Optimization Algorithms", eq. 7.
+  Clipped value loss: the OpenAI baselines PPO2 implementation, as described in Huang et al. 2022,
+  "The 37 Implementation Details of PPO" (detail 9, "Value Function Loss Clipping").
+  ``approx_kl`` statistic: the k3 estimator of Schulman 2020, "Approximating KL Divergence".
 """
 from __future__ import annotations
 

@@ -1,4 +1,9 @@
-"""Generic prompt data (the ``data`` config group) and tokenizer factories (the ``tokenizer`` group).
+"""Layer 3, data: generic prompt datasets (the ``data`` config group) and tokenizer factories
+(the ``tokenizer`` config group).
 
+``prompts`` holds ``PromptDataset``, synthetic and TL;DR prompts and their collate function;
+``tokenizers`` loads pretrained tokenizers and checks that a tokenizer has what the trainer needs.
 Task-specific data (the embedded default's movie reviews) lives in :mod:`rlhf_train.tasks`.
+
+May import: ``rlhf_train.core``, ``rlhf_train.infra``, ``rlhf_train.models``.
 """

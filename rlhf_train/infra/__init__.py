@@ -1,0 +1,9 @@
+"""Layer 1, infra: the machinery every stage shares, with no RL in it.
+
+The one-line ``ConfigError`` (``errors``), multi-process helpers for DDP / FSDP / DeepSpeed / gloo
+(``distributed``), atomic checkpoints and resume (``checkpoint``), SIGTERM / SIGINT handling
+(``preemption``), W&B / CSV / no-op metric loggers (``logger``) and the writable-run-dir check
+(``run_dir``).
+
+May import: ``rlhf_train.core`` (below it) and itself.
+"""

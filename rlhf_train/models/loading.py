@@ -1,9 +1,13 @@
-"""The three models of RLHF: the policy (with its value head), the frozen reference, the reward model.
+"""Loading causal LMs: from a local dir, from a hub name already in the local cache, or a fresh GPT-2.
 
-All three are ordinary ``transformers`` models. rlhf_train adds two small heads on top of a
-transformer trunk and one rule: every per-token quantity (log-probs, values, reference log-probs,
-rewards) comes from **one forward pass over prompt + response**, with logits computed only at the
-response positions (the LM head is the most expensive matmul for small models with big vocabularies).
+:func:`build_causal_lm` is what the policy, the reference and the reward model's trunk are built from
+(:mod:`rlhf_train.models.policy`, :mod:`rlhf_train.models.reward_model`). Runs are offline:
+:func:`check_loadable` never touches the network, and a hub name that is not in the local Hugging Face
+cache fails at start with one ``ConfigError`` naming the config key (e.g. ``policy.pretrained``) to point
+at a local copy. Special-token ids (EOS / pad / BOS) always come from the tokenizer, never from a
+constant, so ``generate`` stops on the tokenizer's own EOS. Dropout defaults to 0: the rollout's and the
+update's log-probs must come from the same deterministic policy (Huang et al. 2024, "The N+
+Implementation Details of RLHF with PPO"). :func:`context_length` reads the model's maximum length.
 """
 from __future__ import annotations
 

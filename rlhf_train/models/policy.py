@@ -1,9 +1,12 @@
-"""The three models of RLHF: the policy (with its value head), the frozen reference, the reward model.
+"""The PPO actor-critic (the policy LM with a value head on its trunk) and the frozen reference π_ref.
 
-All three are ordinary ``transformers`` models. rlhf_train adds two small heads on top of a
-transformer trunk and one rule: every per-token quantity (log-probs, values, reference log-probs,
-rewards) comes from **one forward pass over prompt + response**, with logits computed only at the
-response positions (the LM head is the most expensive matmul for small models with big vocabularies).
+:class:`PolicyWithValue` puts a :class:`ValueHead` (hidden states ``[B, T, H]`` -> values ``[B, T]``,
+zero-initialised by default, so every initial value is 0) on the causal LM's own transformer trunk: one
+trunk pass over prompt + response gives both the response log-probs (:mod:`rlhf_train.models.scoring`)
+and the values, and both go through ``forward`` so that DDP / FSDP wrappers see them. :func:`build_policy`
+builds it from a causal LM (:func:`rlhf_train.models.loading.build_causal_lm`); :func:`build_reference`
+makes π_ref, against which the KL penalty is measured: a frozen copy of the initial policy's LM, or a
+model loaded from ``ref_model.pretrained``.
 """
 from __future__ import annotations
 

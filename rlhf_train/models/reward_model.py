@@ -1,9 +1,14 @@
-"""The three models of RLHF: the policy (with its value head), the frozen reference, the reward model.
+"""Reward models: a scalar head on a transformer trunk, ``(input_ids [B, L], attention_mask [B, L])
+-> (rewards [B, L], end_scores [B])``, the interface of torchrl's ``GPT2RewardModel``.
 
-All three are ordinary ``transformers`` models. rlhf_train adds two small heads on top of a
-transformer trunk and one rule: every per-token quantity (log-probs, values, reference log-probs,
-rewards) comes from **one forward pass over prompt + response**, with logits computed only at the
-response positions (the LM head is the most expensive matmul for small models with big vocabularies).
+Two kinds: :class:`RewardModel`, a linear head on a causal-LM trunk that shares the policy's tokenizer
+and reads the sequence's score at its last attended token (the EOS when present; left, right or
+both-side padding); and :class:`ReencodingRewardModel`, a head on a pretrained sentence encoder with its
+own tokenizer (all-MiniLM-L6-v2), which decodes the policy's tokens to text and re-encodes them. Both
+subtract a score offset ``bias``, set after training so that validation sequences score 0 on average
+(:mod:`rlhf_train.pipeline.reward_training` trains them), and save head and offset in
+``reward_head.safetensors`` next to the trunk. :func:`build_reward_model` loads either kind from a dir,
+or builds a random trunk from a config.
 """
 from __future__ import annotations
 

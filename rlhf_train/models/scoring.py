@@ -1,9 +1,17 @@
-"""The three models of RLHF: the policy (with its value head), the frozen reference, the reward model.
+"""One forward pass over prompt + response: hidden states, log-probs and entropies of the response tokens.
 
-All three are ordinary ``transformers`` models. rlhf_train adds two small heads on top of a
-transformer trunk and one rule: every per-token quantity (log-probs, values, reference log-probs,
-rewards) comes from **one forward pass over prompt + response**, with logits computed only at the
-response positions (the LM head is the most expensive matmul for small models with big vocabularies).
+Shapes: B = batch, P = prompt tokens (left-padded), T = response tokens, H = hidden size, V = vocabulary.
+:func:`response_hidden` runs the trunk once over ``full [B, P+T]`` and keeps the ``[B, T, H]`` hidden
+states that predict the response tokens (positions ``P-1 … P+T-2``), with position ids from the
+attention mask so left-padded prompts see the positions ``generate`` gave them. :func:`response_logprobs`
+applies the LM head at those positions only and returns log-probs and entropies ``[B, T]`` under the
+sampling distribution (temperature, top-k, top-p); :func:`sequence_logprobs` is the no-grad version for
+a whole LM (the reference's log-probs).
+
+Why the head is not simply ``head(hidden)``: the ``[B, T, V]`` logits are the largest tensors of PPO.
+Without top-k / top-p they are computed vocabulary-major (``W @ hᵀ``, 1.5x faster on CPU) and go through
+the fused kernel :func:`rlhf_train.core.logprob_kernel.logprobs_and_entropy`; without gradients the head
+also runs on blocks of about 512 tokens, so scoring memory is O(block·V), not O(B·T·V).
 """
 from __future__ import annotations
 
@@ -48,8 +56,8 @@ _NO_GRAD_HEAD_TOKENS = 512
 
 def _vocab_major_logits(head: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
     """``head(hidden)`` transposed, ``[V, N]`` from ``hidden [N, H]``: ``W @ hiddenᵀ`` writes this layout
-    1.5x faster than ``hidden @ Wᵀ`` on CPU (see ``ppo_math.logprobs_and_entropy``). Heads that are not a
-    plain ``nn.Linear`` with its whole weight (e.g. ZeRO-3 partitioned) go through their own forward."""
+    1.5x faster than ``hidden @ Wᵀ`` on CPU (see :mod:`rlhf_train.core.logprob_kernel`). Heads that are not
+    a plain ``nn.Linear`` with its whole weight (e.g. ZeRO-3 partitioned) go through their own forward."""
     w = getattr(head, "weight", None)
     if not isinstance(head, nn.Linear) or w is None or tuple(w.shape) != (head.out_features, head.in_features):
         return head(hidden).T.contiguous()

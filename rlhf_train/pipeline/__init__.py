@@ -1,0 +1,8 @@
+"""Layer 9, pipeline: the stages and the embedded default's SFT -> reward model -> PPO -> evaluation run.
+
+``stages`` dispatches on ``cfg.stage``; ``run`` chains the stages with a content-keyed stage cache
+(``cache``); ``sft`` and ``reward_training`` train the SFT policy and the reward model; ``evaluate``
+compares the policy before and after PPO; ``sweep`` writes the report of a Hydra multirun.
+
+May import: every layer up to ``rlhf_train.loop``.
+"""

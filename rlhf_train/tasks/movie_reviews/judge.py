@@ -98,7 +98,7 @@ class SentimentJudge:
     def fitted(self) -> bool:
         return self._vectorizer is not None and self.coef_ is not None
 
-    def fit(self, texts: Sequence[str], labels: Sequence[int]) -> "SentimentJudge":
+    def fit(self, texts: Sequence[str], labels: Sequence[int]) -> SentimentJudge:
         from sklearn.linear_model import LogisticRegression
 
         texts, labels = list(texts), [int(y) for y in labels]
@@ -190,7 +190,7 @@ class SentimentJudge:
         return path
 
     @classmethod
-    def load(cls, path: str | os.PathLike) -> "SentimentJudge":
+    def load(cls, path: str | os.PathLike) -> SentimentJudge:
         with np.load(path, allow_pickle=False) as z:
             cfg = json.loads(str(z["config"]))
             if cfg.get("format_version") != _FORMAT_VERSION:
@@ -229,9 +229,9 @@ def train_judge(
     ``max_train`` keeps the first ``max_train`` judge_train reviews (the split is already
     shuffled), for fast tests. The cache file ``cache_dir/judge-<hash>.npz`` is keyed by the
     training (text, label) digest and the judge's hyper-parameters; ``cache_dir=None`` uses
-    :func:`rlhf_train.tasks.movie_reviews.data.default_cache_dir`.
+    :func:`rlhf_train.tasks.movie_reviews.bpe.default_cache_dir`.
     """
-    from rlhf_train.tasks.movie_reviews.data import default_cache_dir
+    from rlhf_train.tasks.movie_reviews.bpe import default_cache_dir
 
     reviews = list(splits["judge_train"])
     if max_train is not None:
