@@ -2,11 +2,18 @@
 
 With no ``recipe=`` / ``+recipe=`` override it runs the embedded default: ``+recipe=default`` is added
 to the command line (so ``.hydra/overrides.yaml`` shows it); ``conf/config.yaml`` alone is generic.
+``--help`` is the page of ``conf/hydra/help/rlhf_train.yaml`` (recipes and groups read from ``conf/`` by
+:mod:`rlhf_train.config.help`). A run logs its run dir first and what it wrote there last (the console and
+``<run dir>/__main__.log``); bad input is one ``Error:`` line, exit 2, and no run dir left behind that this
+start created (:func:`rlhf_train.infra.run_dir.remove_unused_run_dir`).
 """
 from __future__ import annotations
 
+import logging
 import os
 import sys
+import time
+from pathlib import Path
 
 # CPU defaults, set before torch is imported (both are read once); export either variable to override.
 # * PyTorch's CPU allocator backs large tensors with transparent huge pages: the LM head's [tokens, V]
@@ -23,9 +30,11 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import hydra  # noqa: E402  (after the CPU defaults)
 from omegaconf import DictConfig  # noqa: E402
 
+from rlhf_train.config.help import register_help_resolver  # noqa: E402
 from rlhf_train.config.schema import register_configs  # noqa: E402
 
 register_configs()
+register_help_resolver()  # `--help` lists the recipes and config groups read from conf/
 
 
 def _process_rank() -> int:
@@ -46,6 +55,12 @@ def default_recipe_overrides(argv: list[str]) -> list[str]:
     return [f"+recipe={DEFAULT_RECIPE}"]
 
 
+def hydra_help_argv(argv: list[str]) -> list[str]:
+    """For ``--hydra-help`` (Hydra's own page): the flags and ``hydra...`` overrides of ``argv`` only. Hydra
+    composes that page without the primary config, where a recipe's ``override /group`` cannot apply."""
+    return [a for a in argv if a.startswith("-") or a.lstrip("+~").startswith("hydra")]
+
+
 def non_main_process_overrides(argv: list[str]) -> list[str]:
     """Extra Hydra overrides for processes other than rank 0 of a multi-process launch: they write
     nothing into the run dir (no ``.hydra/``, no ``<job>.log``); rank 0 writes the logs and checkpoints."""
@@ -59,36 +74,66 @@ def non_main_process_overrides(argv: list[str]) -> list[str]:
     return extra
 
 
+log = logging.getLogger("rlhf_train")  # Hydra's job logging: the console and <run dir>/__main__.log
+
+
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
 def main(cfg: DictConfig):
+    from hydra.core.hydra_config import HydraConfig
     from hydra.errors import InstantiationException
 
     from rlhf_train.infra.errors import ConfigError
     from rlhf_train.infra.logger import in_multirun
+    from rlhf_train.infra.run_dir import (
+        RUN_DIR_LINE,
+        remove_unused_run_dir,
+        run_dir_contents,
+    )
     from rlhf_train.pipeline.stages import run_stage
     from rlhf_train.pipeline.sweep import run_job
 
-    if in_multirun():  # a failing job is recorded in the sweep report; the other jobs still run
-        return run_job(run_stage, cfg)
-    try:
-        return run_stage(cfg)
-    except ConfigError as err:  # bad input: one line, non-zero exit, nothing started
+    hc = HydraConfig.get()
+    run_dir, started, main_process = Path(hc.runtime.output_dir).absolute(), time.time(), _process_rank() == 0
+    if main_process:
+        log.info("%s%s", RUN_DIR_LINE, run_dir)
+
+    def say_what_was_written():
+        if main_process and run_dir.is_dir():
+            log.info("[rlhf_train] written in %s: %s", run_dir, ", ".join(run_dir_contents(run_dir, started)))
+
+    def bad_input(err) -> None:  # one line, exit 2; the run dir goes if this start created it and it is empty
         print(f"Error: {err}", file=sys.stderr, flush=True)
+        if main_process:
+            remove_unused_run_dir(run_dir, f"{hc.job.name}.log")
         sys.exit(2)
+
+    if in_multirun():  # a failing job is recorded in the sweep report; the other jobs still run
+        value = run_job(run_stage, cfg)
+        say_what_was_written()
+        return value
+    try:
+        value = run_stage(cfg)
+    except ConfigError as err:  # bad input: one line, non-zero exit, nothing started
+        bad_input(err)
     except InstantiationException as err:  # a ConfigError raised inside a _target_
         cause = err
         while cause is not None and not isinstance(cause, ConfigError):
             cause = cause.__cause__
         if cause is None:
             raise
-        print(f"Error: {cause}", file=sys.stderr, flush=True)
-        sys.exit(2)
+        bad_input(cause)
     except FloatingPointError as err:  # trainer.max_consecutive_faults reached: last good state checkpointed
         print(f"Error: {err}", file=sys.stderr, flush=True)
+        say_what_was_written()
         sys.exit(1)
+    say_what_was_written()
+    return value
 
 
 if __name__ == "__main__":
-    sys.argv += default_recipe_overrides(sys.argv[1:])
+    if "--hydra-help" in sys.argv[1:]:
+        sys.argv[1:] = hydra_help_argv(sys.argv[1:])
+    else:
+        sys.argv += default_recipe_overrides(sys.argv[1:])
     sys.argv += non_main_process_overrides(sys.argv[1:])
     main()

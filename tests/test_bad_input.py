@@ -130,7 +130,6 @@ def test_missing_checkpoint_path(tmp_path):
 
 def _checkpoint(tmp_path):
     from accelerate import Accelerator
-
     from rlhf_train.infra.checkpoint import save_checkpoint
 
     policy = tiny_policy()
@@ -150,7 +149,6 @@ def test_corrupt_checkpoint_path(tmp_path):
 
 def test_corrupt_optimizer_state_fails_to_load_with_one_line(tmp_path):
     from accelerate import Accelerator
-
     from rlhf_train.infra.checkpoint import load_checkpoint, resolve_resume
 
     path, policy, optimizer, scheduler = _checkpoint(tmp_path)
@@ -191,3 +189,61 @@ def test_output_dir_not_writable_via_cli(tmp_path):
     assert out.stderr.strip().splitlines() == [
         f"Error: hydra.run.dir='{tmp_path / 'a_file' / 'run'}' is not writable: '{tmp_path / 'a_file'}' is not a "
         f"directory; set hydra.run.dir=<a writable dir>"]
+
+
+# ---------------------------------------------------------------- no empty run dir after a failed start
+def test_failed_start_leaves_no_run_dir_behind(tmp_path):
+    """Bad input (exit 2) with the default run dir ``outputs/<task>/<time>/`` under the cwd: the folders
+    this start created go again; a run dir that existed before stays, as does anything in it."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.reliability_helpers import REPO
+
+    env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
+    bad = [sys.executable, "-m", "rlhf_train", "+recipe=smoke", "logger=csv", "rollout.max_new_tokens=0"]
+    out = subprocess.run(bad, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120, check=False)
+    assert out.returncode == 2, out.stderr[-3000:]
+    assert f"[rlhf_train] run dir: {tmp_path / 'outputs' / 'smoke'}" in out.stdout  # it was said, then removed
+    assert list(tmp_path.iterdir()) == []
+
+    mine = tmp_path / "mine"
+    (mine / "notes").mkdir(parents=True)
+    out = subprocess.run([*bad, f"hydra.run.dir={mine}"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                         timeout=120, check=False)
+    assert out.returncode == 2 and (mine / "notes").is_dir() and (mine / ".hydra").is_dir()
+
+
+def test_only_a_run_dir_this_start_created_and_left_empty_is_removed(tmp_path):
+    from omegaconf import OmegaConf
+
+    from rlhf_train.infra.run_dir import (
+        RUN_DIR_LINE,
+        RunDirCheck,
+        remove_unused_run_dir,
+    )
+
+    def start(run_dir, log_lines=(), extra=None):
+        """What Hydra and a failed start leave: .hydra/, the job log, maybe one more file."""
+        RunDirCheck().on_run_start(OmegaConf.create({"hydra": {"run": {"dir": str(run_dir)}}}))
+        (run_dir / ".hydra").mkdir(parents=True, exist_ok=True)
+        (run_dir / ".hydra" / "config.yaml").write_text("stage: ppo\n")
+        (run_dir / "__main__.log").write_text("".join(f"[t][rlhf_train][INFO] - {line}\n" for line in log_lines))
+        if extra:
+            (run_dir / extra).write_text("x")
+        return run_dir
+
+    run = start(tmp_path / "outputs" / "smoke" / "t1", [f"{RUN_DIR_LINE}somewhere"])
+    assert remove_unused_run_dir(run, "__main__.log") and list(tmp_path.iterdir()) == []  # created parents too
+    (tmp_path / "outputs").mkdir()
+    run = start(tmp_path / "outputs" / "smoke" / "t2")
+    assert remove_unused_run_dir(run, "__main__.log") and list(tmp_path.iterdir()) == [tmp_path / "outputs"]
+    # kept: a log line other than the run dir's, a file other than Hydra's, a dir that existed before
+    run = start(tmp_path / "outputs" / "t3", [f"{RUN_DIR_LINE}x", "[pipeline] sft done in 100 s"])
+    assert not remove_unused_run_dir(run, "__main__.log") and run.is_dir()
+    run = start(tmp_path / "outputs" / "t4", extra="metrics.csv")
+    assert not remove_unused_run_dir(run, "__main__.log") and run.is_dir()
+    (tmp_path / "old").mkdir()
+    run = start(tmp_path / "old")
+    assert not remove_unused_run_dir(run, "__main__.log") and run.is_dir()

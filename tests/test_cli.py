@@ -7,8 +7,12 @@
    entry dropped (``~transforms.eos_penalty``), both run.
 4. The process-wide CPU settings (``OMP_WAIT_POLICY``, ``THP_MEM_ALLOC_ENABLE``) belong to the command-line
    entry point: ``import rlhf_train`` leaves the environment alone.
+5. ``--help`` says how to run the tool and lists every recipe and every config group with exactly its
+   option files (no ``*_schema``, no ``accelerate``), read from ``conf/`` so it cannot drift.
+6. A run says where it is: the run-dir line first, the files it wrote last, both in ``__main__.log``; a
+   pipeline stage that raises is logged as failed, not done.
 
-Budget: ~30 s on 2 CPU cores (two short training runs; each start imports torch and transformers).
+Budget: ~45 s on 2 CPU cores (three short training runs; each start imports torch and transformers).
 """
 import csv
 import os
@@ -87,3 +91,88 @@ def test_import_leaves_cpu_settings_untouched():
 def test_entry_point_sets_cpu_settings_before_torch():
     # the entry point sets them at import, before anything it imports can import torch
     assert _env_after("import rlhf_train.__main__, sys; assert 'torch' not in sys.modules") == ["PASSIVE", "1"]
+
+
+# --------------------------------------------------------------------------- 5. --help
+CONF = ROOT / "conf"
+
+
+def _help(*args) -> str:
+    proc = subprocess.run([sys.executable, "-m", "rlhf_train", *args, "--help"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout
+
+
+def _section(text: str, title: str) -> list[str]:
+    """The lines of the ``== title ...`` section of the help page, up to the next ``==`` header."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(f"== {title}"))
+    end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("== ")), len(lines))
+    return lines[start + 1:end]
+
+
+def test_help_says_how_to_run_and_lists_recipes_and_groups():
+    import yaml
+
+    text = _help()
+    assert "powered by Hydra" not in text
+    for usage in ("python -m rlhf_train +recipe=NAME", "+recipe=default", "key=value", " -m ",
+                  "accelerate launch", "README.md", "recipes/NAME.md", "--hydra-help"):
+        assert usage in text, usage
+    # every recipe file, one entry each (the name at the start of its line), and nothing else
+    recipes = [line.split()[0] for line in _section(text, "Recipes") if line.startswith("  ") and line[2] != " "]
+    assert recipes == sorted(p.stem for p in (CONF / "recipe").glob("*.yaml"))
+    # every config group with exactly its option files (the selected one starred), no schema entries
+    lines = _section(text, "Config groups")
+    names = [i for i, line in enumerate(lines) if line.startswith("  ") and line[2] != " "]
+    listed = {lines[i].split()[0]: {o.strip().rstrip("*") for o in lines[i + 1].split(",")} for i in names}
+    defaults = yaml.safe_load((CONF / "config.yaml").read_text())["defaults"]
+    groups = [g for d in defaults if isinstance(d, dict) for g in d if not g.startswith("override ")]
+    assert listed == {g: {p.stem for p in (CONF / g).glob("*.yaml")} for g in groups}
+    assert "_schema" not in "\n".join(lines) and "accelerate" not in listed
+    # the embedded default's choices are starred; the accelerate configs are launcher files, not a group
+    assert "sentiment_gpt2*" in lines[lines.index(next(line for line in lines if line.startswith("  policy"))) + 1]
+    assert not (CONF / "accelerate").exists() and (ROOT / "accelerate" / "cpu_2proc.yaml").exists()
+
+
+def test_help_stars_the_options_of_the_given_recipe():
+    lines = _section(_help("+recipe=smoke"), "Config groups")
+    i = next(i for i, line in enumerate(lines) if line.startswith("  policy"))
+    assert "tiny_gpt2*" in lines[i + 1] and "sentiment_gpt2*" not in lines[i + 1]
+
+
+def test_hydra_help_stays_hydras_page_with_a_recipe_given():
+    proc = subprocess.run([sys.executable, "-m", "rlhf_train", "+recipe=smoke", "--hydra-help"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 0 and proc.stdout.startswith("Hydra ("), proc.stderr[-3000:]
+
+
+# --------------------------------------------------------------------------- 6. where the run is
+@pytest.mark.slow
+def test_run_says_its_run_dir_and_what_it_wrote_into_its_log(tmp_path):
+    proc = run("trainer.num_iterations=1", "logger=csv", tmp_path=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = f"[rlhf_train] run dir: {tmp_path}"
+    assert line in proc.stdout
+    log = (tmp_path / "__main__.log").read_text()
+    assert line in log.splitlines()[0]
+    written = next(line for line in log.splitlines() if f"[rlhf_train] written in {tmp_path}: " in line)
+    for name in ("metrics.csv", "final_metrics.json", "checkpoints/", "__main__.log"):
+        assert name in written, written
+
+
+def test_a_stage_that_raises_is_logged_as_failed(caplog):
+    from rlhf_train.pipeline.cache import Timer
+
+    timer = Timer()
+    caplog.set_level("INFO", logger="rlhf_train.pipeline.cache")
+    with timer("sft"):
+        pass
+    with pytest.raises(ValueError), timer("rm"):
+        raise ValueError("bad pairs")
+    messages = [r.getMessage() for r in caplog.records]
+    assert messages[0].startswith("[pipeline] sft") and "done in" in messages[0]
+    assert len(messages) == 2 and "done" not in messages[1], messages
+    assert messages[1].startswith("[pipeline] rm failed after ") and messages[1].endswith(" s: ValueError")
+    assert timer.rows["rm"]["error"] == "ValueError" and "error" not in timer.rows["sft"]

@@ -31,11 +31,13 @@ from rlhf_train.infra.errors import ConfigError
 CONF = Path(__file__).resolve().parents[1] / "conf"
 RECIPES = sorted(p.stem for p in (CONF / "recipe").glob("*.yaml"))
 # the config groups of the primary config's defaults list (null ones included), and their options
-ROOT_DEFAULTS = [d for d in yaml.safe_load((CONF / "config.yaml").read_text())["defaults"] if isinstance(d, dict)]
+# (`override hydra/...` entries select Hydra's own options, e.g. the --help page: not groups of ours)
+ROOT_DEFAULTS = [d for d in yaml.safe_load((CONF / "config.yaml").read_text())["defaults"]
+                 if isinstance(d, dict) and not next(iter(d)).startswith("override ")]
 GROUPS = [next(iter(d)) for d in ROOT_DEFAULTS]
 OPTIONS = [(g, p.stem) for g in GROUPS for p in sorted((CONF / g).glob("*.yaml"))]
 # conf/ dirs that are not config groups of the primary config
-NOT_GROUPS = {"recipe", "accelerate"}
+NOT_GROUPS = {"recipe", "hydra"}  # hydra/: Hydra's own groups (the --help page)
 
 
 def compose(overrides=()):

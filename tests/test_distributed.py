@@ -172,7 +172,7 @@ def test_launch_time_is_shared_by_the_processes_of_a_launch(monkeypatch):
 def test_accelerate_configs_load(name):
     from accelerate.commands.config.config_args import load_config_from_file
 
-    cfg = load_config_from_file(str(ROOT / "conf" / "accelerate" / f"{name}.yaml"))
+    cfg = load_config_from_file(str(ROOT / "accelerate" / f"{name}.yaml"))
     assert cfg.num_machines == 1
     if name == "fsdp":
         assert cfg.fsdp_config["fsdp_version"] == 1

@@ -54,7 +54,6 @@ def test_csv_logger_full_precision_timings_apart_and_resume_truncates(tmp_path):
 # --------------------------------------------------------------------------------------------
 def _save(run_dir, iteration, policy, optimizer, scheduler, keep=2):
     from accelerate import Accelerator
-
     from rlhf_train.infra.checkpoint import save_checkpoint
 
     return save_checkpoint(run_dir, iteration, accelerator=Accelerator(cpu=True), policy=policy, optimizer=optimizer,
@@ -71,7 +70,6 @@ def _model_and_optim():
 
 def test_crash_mid_write_leaves_previous_checkpoint_latest(tmp_path, monkeypatch, capsys):
     from accelerate import Accelerator
-
     from rlhf_train.infra import checkpoint as ckpt
 
     policy, optimizer, scheduler = _model_and_optim()
@@ -130,7 +128,7 @@ def test_prune_keeps_newest_and_manifest(tmp_path):
 # exact resume in-process: SIGTERM after iteration 1 -> checkpoint + exit 143; resume -> same metrics
 # --------------------------------------------------------------------------------------------
 @pytest.mark.skipif(threading.current_thread() is not threading.main_thread(), reason="signals need the main thread")
-def test_sigterm_checkpoint_resume_is_exact_and_keeps_wandb_id(tmp_path, monkeypatch, capsys):
+def test_sigterm_checkpoint_resume_is_exact_and_keeps_wandb_id(tmp_path, monkeypatch, capsys, caplog):
     from rlhf_train.infra.checkpoint import read_trainer_state, verify_checkpoint
     from rlhf_train.loop import trainer
 
@@ -163,7 +161,7 @@ def test_sigterm_checkpoint_resume_is_exact_and_keeps_wandb_id(tmp_path, monkeyp
     with pytest.raises(SystemExit) as exc:
         trainer.train(cfg, run)
     assert exc.value.code == 143
-    out = capsys.readouterr().out
+    out = capsys.readouterr().out + caplog.text  # the trainer logs (to the run's log under the CLI)
     assert "received SIGTERM" in out and "preempted: checkpoint written at iteration 1" in out
     ckpt = run / "checkpoints" / "iter_000001"  # written although checkpoint_every=10
     assert verify_checkpoint(ckpt) is None

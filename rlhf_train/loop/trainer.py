@@ -17,6 +17,7 @@ multi-process helpers in :mod:`rlhf_train.infra.distributed`.
 """
 from __future__ import annotations
 
+import logging
 import os
 import time
 from pathlib import Path
@@ -47,14 +48,16 @@ from rlhf_train.loop.components import (
 )
 from rlhf_train.loop.metrics import rollout_metrics, sample_rows
 
+log = logging.getLogger(__name__)  # under the CLI: the console and the run dir's __main__.log (Hydra's job logging)
+
 
 def train(cfg: DictConfig, run_dir: str | Path | None = None) -> dict:
     """Train as configured; returns the last iteration's metrics and history. See the module docstring."""
-    from accelerate import Accelerator
     from accelerate.utils import DataLoaderConfiguration, set_seed
     from hydra.utils import instantiate
     from torch.utils.data import DataLoader
 
+    from accelerate import Accelerator
     from rlhf_train.data.prompts import collate
 
     # 0. build: validate, seed, components, algorithm; Accelerate prepares policy / optimizer / data
@@ -71,7 +74,7 @@ def train(cfg: DictConfig, run_dir: str | Path | None = None) -> dict:
     run_dir = main_process_run_dir(run_dir, accelerator)  # every process uses rank 0's run dir
     if getattr(accelerator, "is_fsdp2", False):
         raise ConfigError("FSDP2 (fsdp_version: 2 in the accelerate config) is not supported: rollouts need the "
-                          "full weights; use fsdp_version: 1 (conf/accelerate/fsdp.yaml)")
+                          "full weights; use fsdp_version: 1 (accelerate/fsdp.yaml)")
     if accelerator.is_main_process:
         check_writable(run_dir, "hydra.run.dir")  # probes with a temp file (os.access lies for root)
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -105,7 +108,7 @@ def train(cfg: DictConfig, run_dir: str | Path | None = None) -> dict:
         epoch, batch_in_epoch = state["data_epoch"], state["data_batch"]
         fault_state = state.get("faults", fault_state)
         if accelerator.is_main_process:
-            print(f"[rlhf_train] resumed from {resume_path} at iteration {start_iteration}", flush=True)
+            log.info("[rlhf_train] resumed from %s at iteration %d", resume_path, start_iteration)
     gen = torch.Generator().manual_seed(cfg.trainer.seed * 1000 + accelerator.process_index + start_iteration)
     if "ppo_generator" in state:  # the minibatch order of the update
         gen.set_state(torch.tensor(state["ppo_generator"], dtype=torch.uint8))
@@ -177,8 +180,8 @@ def train(cfg: DictConfig, run_dir: str | Path | None = None) -> dict:
                 checkpoint(iteration)
             if stop and iteration < cfg.trainer.num_iterations:  # (a signal during the last iteration: done anyway)
                 if accelerator.is_main_process:
-                    print(f"[rlhf_train] preempted: checkpoint written at iteration {iteration} in "
-                          f"{run_dir}/checkpoints; resume with trainer.resume=auto", flush=True)
+                    log.warning("[rlhf_train] preempted: checkpoint written at iteration %d in %s/checkpoints; "
+                                "resume with trainer.resume=auto", iteration, run_dir)
                 raise SystemExit(PREEMPTED_EXIT_CODE)
     except FloatingPointError as err:
         # skipped updates never touch the weights: the current ones are the last good state. Checkpoint

@@ -28,6 +28,8 @@ from typing import Any, Callable
 
 from omegaconf import DictConfig, OmegaConf
 
+from rlhf_train.infra.checkpoint import apply_umask
+
 log = logging.getLogger(__name__)
 
 
@@ -92,6 +94,7 @@ def cached_stage(path: Path, build: Callable[[Path], dict]) -> tuple[dict, bool]
             info = build(tmp)
             (tmp / "stage.json").write_text(json.dumps(info, indent=1, default=float))
             (tmp / "COMPLETE").write_text(time.strftime("%Y-%m-%d %H:%M:%S\n"))
+            apply_umask(tmp)  # mkdtemp makes the dir 0700 and safetensors writes 0600: use the umask's modes
             if path.exists():  # an incomplete leftover (should not happen: only complete dirs are moved in)
                 shutil.rmtree(path)
             os.replace(tmp, path)
@@ -102,7 +105,11 @@ def cached_stage(path: Path, build: Callable[[Path], dict]) -> tuple[dict, bool]
 
 
 class Timer:
-    """Wall-clock and CPU time (``process_time``: all threads of this process) of each named step."""
+    """Wall-clock and CPU time (``process_time``: all threads of this process) of each named step.
+
+    A step that raises is logged as ``failed after N s: <error type>`` (``interrupted`` for a
+    KeyboardInterrupt / SystemExit, e.g. a preempted PPO stage), its row gets ``error``, and the
+    exception propagates unchanged."""
 
     def __init__(self):
         self.rows: dict[str, dict] = {}
@@ -111,10 +118,20 @@ class Timer:
     def __call__(self, name: str):
         w0, c0 = time.perf_counter(), time.process_time()
         row = self.rows.setdefault(name, {})
+        error = None
         try:
             yield row
+        except BaseException as err:
+            error = err
+            raise
         finally:
             row["wall_s"] = round(time.perf_counter() - w0, 2)
             row["cpu_s"] = round(time.process_time() - c0, 2)
-            log.info("[pipeline] %-10s %s in %.1f s wall, %.1f s CPU", name,
-                     "reused from cache" if row.get("reused") else "done", row["wall_s"], row["cpu_s"])
+            if error is None:
+                log.info("[pipeline] %-10s %s in %.1f s wall, %.1f s CPU", name,
+                         "reused from cache" if row.get("reused") else "done", row["wall_s"], row["cpu_s"])
+            else:
+                row["error"] = type(error).__name__
+                log.error("[pipeline] %s %s after %.1f s: %s", name,
+                          "failed" if isinstance(error, Exception) else "interrupted", row["wall_s"],
+                          type(error).__name__)
