@@ -22,7 +22,13 @@ from tensordict import TensorDict
 from transformers import GPT2Config, GPT2Model
 
 from rlhf_train.core.losses import policy_loss
-from rlhf_train.core.masked import global_masked_whiten, masked_mean, masked_sum, masked_var, masked_whiten
+from rlhf_train.core.masked import (
+    global_masked_whiten,
+    masked_mean,
+    masked_sum,
+    masked_var,
+    masked_whiten,
+)
 from rlhf_train.models.policy import build_policy
 from rlhf_train.models.reward_model import RewardModel
 from rlhf_train.models.scoring import sequence_logprobs

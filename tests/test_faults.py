@@ -44,7 +44,6 @@ def _cfg():
 def _update(td):
     """One ``minibatch_update`` (2 epochs x 2 minibatches of 2 rows): (fault_state, weights before, after, stats, error)."""
     from accelerate import Accelerator
-
     from rlhf_train.algorithms.update import minibatch_update
     from rlhf_train.loop.components import build_algorithm
 

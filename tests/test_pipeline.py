@@ -138,9 +138,8 @@ def test_stage_cache_builds_once_under_concurrency(tmp_path):
     ("evaluation.num_prompts=0", "evaluation.num_prompts"),
 ])
 def test_bad_input_fails_before_any_stage(tmp_path, override, key):
-    from rlhf_train.pipeline.run import run
-
     from rlhf_train.infra.errors import ConfigError
+    from rlhf_train.pipeline.run import run
 
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
         run(compose(*TINY, f"cache_dir={tmp_path / 'cache'}", override), tmp_path / "run")

@@ -13,7 +13,8 @@ Layout of ``<run dir>/checkpoints/iter_000012/``::
     COMPLETE                 written last: the iteration and the size of every file (a manifest)
 
 How a checkpoint is written (:func:`save_checkpoint`):
-  1. every file goes into ``checkpoints/.tmp-iter_000012/`` and is fsync'ed;
+  1. every file goes into ``checkpoints/.tmp-iter_000012/``, gets the mode the process umask gives
+     (:func:`apply_umask`: safetensors alone would write 0600) and is fsync'ed;
   2. ``COMPLETE`` (the manifest) is written last;
   3. the directory is renamed to ``iter_000012`` (``os.replace``: atomic on POSIX), the parent fsync'ed;
   4. older checkpoints beyond ``trainer.keep_checkpoints`` and stale ``.tmp-*`` dirs are removed.
@@ -105,6 +106,39 @@ def _quiet_transformers():
             hf_logging.enable_progress_bar()
 
 
+def current_umask() -> int:
+    """The process umask (read from ``/proc/self/status`` where it can be, so nothing is changed; else
+    set and restored at once)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def apply_umask(root: str | Path) -> None:
+    """Give ``root`` and everything under it the modes a plain ``open`` / ``mkdir`` would have given them:
+    ``0o666 & ~umask`` for files (``0o777`` for executables), ``0o777 & ~umask`` for directories.
+
+    Needed after writers that create owner-only files: ``safetensors`` (``model.safetensors`` is written
+    0600), ``tempfile.mkstemp`` (0600) and ``tempfile.mkdtemp`` (0700), so that a group sharing the
+    output dir can read what a run wrote, as with every other file. Symlinks are left alone.
+    """
+    keep = ~current_umask()
+    root = Path(root)
+    for p in [root, *root.rglob("*")]:
+        if p.is_symlink():
+            continue
+        if p.is_dir():
+            p.chmod(0o777 & keep)
+        elif p.is_file():
+            p.chmod((0o777 if p.stat().st_mode & 0o111 else 0o666) & keep)
+
+
 def _manifest(directory: Path) -> dict[str, int]:
     """``{relative path: size in bytes}`` of every file under ``directory`` except ``COMPLETE``."""
     return {p.relative_to(directory).as_posix(): p.stat().st_size
@@ -148,6 +182,7 @@ def save_checkpoint(run_dir: str | Path, iteration: int, *, accelerator, policy,
         (tmp / "config.yaml").write_text(config_yaml)
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
+        apply_umask(tmp)  # safetensors writes its files 0600: give them the modes of every other file
         for f in tmp.rglob("*"):
             if f.is_file():
                 _fsync(f)

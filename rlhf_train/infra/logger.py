@@ -1,7 +1,8 @@
 """Metric loggers: W&B (default), CSV, none. Only the main process creates one.
 
-* ``wandb``: with no credentials or no network, W&B runs offline and says so in one line; its files
-  land in the run dir. A resumed run continues the same W&B run (the id is kept in checkpoints).
+* ``wandb``: ``logger.mode=auto`` runs online unless ``WANDB_MODE`` says otherwise, W&B has no
+  credentials, or its server cannot be reached; then it runs offline (or disabled) and says which of
+  these in one line (:func:`wandb_mode`). Its files land in ``<run dir>/wandb``. A resumed run continues the same W&B run (the id is kept in checkpoints).
   In a Hydra multirun, unless ``logger.group`` / ``logger.name`` are set, the jobs join one group named
   after the sweep and each run is named by its overrides (:func:`rlhf_train.infra.logger.wandb_names`).
 * ``csv``: ``metrics.csv`` in the run dir, one row per iteration, an ``iteration`` column and one column
@@ -126,10 +127,14 @@ def _num(v: Any) -> Any:
         return v
 
 
+def _wandb_host() -> str:
+    """The W&B server's host name (``WANDB_BASE_URL``, else api.wandb.ai)."""
+    return os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai").split("://")[-1].split("/")[0].split(":")[0]
+
+
 def _wandb_reachable(timeout: float = 2.0) -> bool:
-    host = os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai").split("://")[-1].split("/")[0]
     try:
-        socket.create_connection((host.split(":")[0], 443), timeout=timeout).close()
+        socket.create_connection((_wandb_host(), 443), timeout=timeout).close()
         return True
     except OSError:
         return False
@@ -141,21 +146,63 @@ def _wandb_logged_in() -> bool:
     try:
         import netrc
 
-        return netrc.netrc().authenticators("api.wandb.ai") is not None
+        return netrc.netrc().authenticators(_wandb_host()) is not None
     except Exception:
         return False
+
+
+WANDB_MODES = ("auto", "online", "offline", "disabled")
+
+
+def wandb_mode(cfg_mode: str, run_dir: str | Path) -> tuple[str, str | None]:
+    """``(mode, why)``: the mode ``wandb.init`` gets, and the one line that tells the user why it is not
+    online (``None`` when it is online).
+
+    ``logger.mode`` other than ``auto`` wins (``wandb.init(mode=...)`` overrides ``WANDB_MODE``). With
+    ``auto``, a ``WANDB_MODE`` in the environment decides (``offline``/``dryrun``, ``disabled``,
+    ``online``); else online if W&B has credentials (``WANDB_API_KEY`` or a netrc entry) and its server
+    answers on port 443, else offline, saying which of the two was missing.
+    """
+    from rlhf_train.infra.errors import ConfigError
+
+    if cfg_mode not in WANDB_MODES:
+        raise ConfigError(f"logger.mode='{cfg_mode}' is not valid; choose one of {', '.join(WANDB_MODES)}")
+    files = Path(run_dir) / "wandb"
+    later = f"`wandb sync {files}/offline-run-*` uploads it later"
+    if cfg_mode == "offline":
+        return "offline", f"logger.mode=offline: logging offline to {files}; {later}"
+    if cfg_mode == "disabled":
+        return "disabled", "logger.mode=disabled: W&B logs nothing (logger=csv writes metrics.csv instead)"
+    if cfg_mode == "online":
+        return "online", None
+    env = os.environ.get("WANDB_MODE", "").strip()
+    if env.lower() in ("offline", "dryrun"):
+        return "offline", f"WANDB_MODE={env} is set: logging offline to {files}; {later}"
+    if env.lower() == "disabled":
+        return "disabled", (f"WANDB_MODE={env} is set: W&B logs nothing (unset it to log, or use logger=csv "
+                            f"for metrics.csv)")
+    if env.lower() == "online":
+        return "online", None
+    if env:
+        raise ConfigError(f"WANDB_MODE='{env}' (environment) is not valid; set it to online, offline or disabled, "
+                          f"or unset it")
+    if not _wandb_logged_in():
+        return "offline", (f"not logged in to W&B (no WANDB_API_KEY, no {_wandb_host()} entry in ~/.netrc): "
+                           f"logging offline to {files}; run `wandb login` (or set WANDB_API_KEY) to log online "
+                           f"next time; {later}")
+    if not _wandb_reachable():
+        return "offline", (f"W&B server {_wandb_host()}:443 cannot be reached (no network?): logging offline to "
+                           f"{files}; {later}")
+    return "online", None
 
 
 class WandbLogger(NullLogger):
     def __init__(self, run_dir: str | Path, cfg, config: dict, resume_id: str | None = None):
         import wandb
 
-        mode = cfg.mode
-        if mode == "auto":
-            mode = "online" if _wandb_logged_in() and _wandb_reachable() else "offline"
-            if mode == "offline":
-                print(f"[rlhf_train] W&B: no credentials or no network; logging offline to {run_dir}/wandb "
-                      f"(sync later with `wandb sync {run_dir}/wandb/offline-run-*`)")
+        mode, why = wandb_mode(cfg.mode, run_dir)
+        if why:
+            print(f"[rlhf_train] W&B: {why}", flush=True)
         os.environ.setdefault("WANDB_SILENT", "true")
         self.wandb = wandb
         from rlhf_train.infra.logger import wandb_names

@@ -29,6 +29,7 @@ from typing import Callable
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from rlhf_train.infra.checkpoint import apply_umask
 from rlhf_train.infra.errors import ConfigError
 
 REFERENCE_DIR = "reference_model"  # in the run dir, when the reference is a copy of the policy
@@ -109,6 +110,7 @@ def reference_source(cfg: DictConfig, ref_model: torch.nn.Module | None, run_dir
     tmp = Path(tempfile.mkdtemp(prefix=f".{REFERENCE_DIR}-", dir=final.parent))
     try:  # written aside, then moved into place: a crash never leaves a half-written reference
         ref_model.save_pretrained(tmp, safe_serialization=True)
+        apply_umask(tmp)  # mkdtemp (0700) and safetensors (0600): use the umask's modes
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
@@ -155,8 +157,9 @@ def ray_ref_log_prob_fn(cfg: DictConfig, ref_model: torch.nn.Module | None = Non
     Collective when several processes run (``accelerate launch``): call it on every process.
     """
     ray = _import_ray()
-    from accelerate import PartialState
     from accelerate.utils import broadcast_object_list
+
+    from accelerate import PartialState
 
     opts = ray_options(cfg)
     state = PartialState()

@@ -14,7 +14,8 @@ policy, reference and reward model), and measures:
 * ``kl_per_sequence``: ``sum_t log pi(y_t|.) - log pi_ref(y_t|.)`` over the response tokens (nats, the
   k1 estimate PPO's KL penalty uses), averaged over sequences; 0 before PPO (pi = pi_ref).
 
-``plot_ppo_history`` draws the reward-model score and the per-sequence KL over PPO iterations (PNG).
+``plot_ppo_history`` draws ``ppo_curves.png``: the score, the shaped score and the total reward, and the
+per-sequence KL, over PPO iterations, each curve named by the metric it plots.
 """
 from __future__ import annotations
 
@@ -107,33 +108,55 @@ def format_table(summary: dict) -> str:
     return "\n".join(lines)
 
 
-def plot_ppo_history(history: list[dict], path: str | Path, kl_target: float | None = None) -> Path:
-    """PNG: reward-model score and mean per-sequence KL (with the target) over PPO iterations."""
-    import matplotlib
+# what each curve of ppo_curves.png is (the README's metric glossary; rlhf_train/loop/metrics.py)
+PPO_CURVES = (
+    ("objective/score", "objective/score: reward-source score, unshaped"),
+    ("objective/reward_raw", "objective/reward_raw: shaped score (baseline, EOS penalty, clip)"),
+    ("objective/reward_total", "objective/reward_total: shaped score − β·KL"),
+)
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+
+def plot_ppo_history(history: list[dict], path: str | Path, kl_target: float | None = None) -> Path:
+    """PNG: the score, shaped score and total reward (left) and the KL (right) per sequence over PPO
+    iterations, means over each iteration's batch; the KL target of an adaptive controller, if any.
+
+    Each curve is labelled with the metric it plots (``objective/...``), so the picture reads against
+    ``metrics.csv`` and the README's glossary. Readable with near-constant values
+    (:mod:`rlhf_train.pipeline.plots`).
+    """
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure  # no pyplot: never touches the user's backend
+
+    from rlhf_train.pipeline.plots import curve_style, declutter, readable_axis
 
     it = [h["iteration"] for h in history]
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.8))
-    ax1.plot(it, [h.get("objective/score", math.nan) for h in history], label="RM score (raw)")
-    ax1.plot(it, [h.get("objective/reward_total", math.nan) for h in history], label="score - KL penalty")
-    ax1.set_xlabel("PPO iteration")
-    ax1.set_ylabel("per sequence")
-    ax1.set_title("reward")
-    ax1.legend()
-    ax1.grid(alpha=0.3)
-    ax2.plot(it, [h.get("objective/kl", math.nan) for h in history], color="tab:red", label="KL(pi || pi_SFT)")
+    fig = Figure(figsize=(11, 4.8), layout="constrained")
+    FigureCanvasAgg(fig)
+    ax1, ax2 = fig.subplots(1, 2)
+    rewards = []
+    for i, (key, label) in enumerate(k for k in PPO_CURVES if any(k[0] in h for h in history)):
+        ys = [h.get(key, math.nan) for h in history]
+        rewards += ys
+        ax1.plot(it, ys, label=label, **curve_style(i, points=len(it)))
+    ax1.set(xlabel="PPO iteration", ylabel="per sequence (batch mean)", title="score and reward")
+    kls = [h.get("objective/kl", math.nan) for h in history]
+    red = dict(curve_style(0, points=len(it)), color="tab:red", markeredgecolor="tab:red")
+    ax2.plot(it, kls, label="objective/kl: KL(π‖π_ref) per sequence", **red)
     if kl_target is not None:
-        ax2.axhline(kl_target, color="gray", ls="--", label=f"target {kl_target:g}")
-        ax2.axhline(2 * kl_target, color="gray", ls=":", label=f"2 x target")
-    ax2.set_xlabel("PPO iteration")
-    ax2.set_ylabel("nats per sequence")
-    ax2.set_title("KL to the SFT policy")
-    ax2.legend()
-    ax2.grid(alpha=0.3)
-    fig.tight_layout()
+        ax2.axhline(kl_target, color="gray", ls="--", label=f"KL target {kl_target:g}")
+        ax2.axhline(2 * kl_target, color="gray", ls=":", label="2 × KL target")
+        kls += [kl_target, 2 * kl_target]
+    ax2.set(xlabel="PPO iteration", ylabel="nats per sequence (batch mean)",
+            title="KL to the reference policy (π_ref: the SFT model)")
+    readable_axis(ax1.yaxis, rewards)
+    readable_axis(ax2.yaxis, kls)
+    for ax in (ax1, ax2):
+        readable_axis(ax.xaxis, it, margin=0.05, integer=True)
+        ax.grid(alpha=0.3)
+    (h1, l1), (h2, l2) = ax1.get_legend_handles_labels(), ax2.get_legend_handles_labels()
+    handles, labels = h1 + h2, l1 + l2
+    fig.legend(handles, labels, loc="outside lower center", ncols=2, fontsize=8, handlelength=3.5)  # off the curves
+    declutter(fig)
     path = Path(path)
     fig.savefig(path, dpi=110)
-    plt.close(fig)
     return path

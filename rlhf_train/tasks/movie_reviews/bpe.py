@@ -16,6 +16,8 @@ import tempfile
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+from rlhf_train.infra.checkpoint import apply_umask
+
 __all__ = ["EOS_TOKEN", "PAD_TOKEN", "default_cache_dir", "texts_digest", "train_tokenizer"]
 
 EOS_TOKEN = "<|endoftext|>"
@@ -113,6 +115,7 @@ def train_tokenizer(
     tmp = Path(tempfile.mkdtemp(prefix=f".tokenizer-{key}-", dir=cache))
     try:
         tokenizer.save_pretrained(str(tmp))
+        apply_umask(tmp)  # mkdtemp makes the dir 0700: use the umask's modes, like every other file
         try:
             os.replace(tmp, final)
         except OSError:

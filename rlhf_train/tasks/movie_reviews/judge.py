@@ -37,6 +37,8 @@ from pathlib import Path
 
 import numpy as np
 
+from rlhf_train.infra.checkpoint import apply_umask
+
 __all__ = ["SentimentJudge", "train_judge"]
 
 _FORMAT_VERSION = 1
@@ -182,6 +184,7 @@ class SentimentJudge:
                     coef=self.coef_,
                     config=np.array(json.dumps(self._config())),
                 )
+            apply_umask(tmp)  # mkstemp makes the file 0600: use the umask's mode, like every other file
             os.replace(tmp, path)
         except BaseException:
             if os.path.exists(tmp):
