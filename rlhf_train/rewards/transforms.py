@@ -1,29 +1,15 @@
 """The reward-shaping stack: reference log-prob → KL → reward adjustment (+ score shaping).
 
-Each transform maps a rollout TensorDict (batch ``[B]``, see :mod:`rlhf_train.rollout.rollout_from_model`) to itself
-with new keys, and is a torchrl :class:`~torchrl.envs.Transform`, so the same objects compose with
+Each transform maps a rollout TensorDict (batch ``[B]``, written by ``RolloutFromModel``) to itself with new keys, and is a torchrl :class:`~torchrl.envs.Transform`, so the same objects compose with
 torchrl environments. The stack is assembled from YAML as an ordered dict keyed by name
 (``conf/transforms/default.yaml``) so a recipe or the command line can override or drop one entry.
 
-Keys read and written (all configurable):
-
-===============================  =========  =====================================================
-key                              shape      meaning
-===============================  =========  =====================================================
-``("tokens", "full")``           [B, P+T]   prompt + response tokens
-``("masks", "full")``            [B, P+T]   attention mask of the full sequence
-``("masks", "response")``        [B, T]     response tokens up to and including EOS
-``("log_probs", "response")``    [B, T]     log π(a_t | s_t) of the sampled tokens (sampling dist.)
-``("ref_log_probs", "response")``[B, T]     log π_ref(a_t | s_t)
-``("next", "score")``            [B]        reward-model score of prompt + response
-``("next", "score_ref")``        [B]        reward-model score of prompt + reference response
-``("next", "kl")``               [B, T]     per-token KL estimate (0 outside the response)
-``"kl_per_sequence"``            [B]        sum of ``kl`` over the response (nats)
-``"kl_coef"``                    [B]        the KL controller's coefficient for this rollout
-``("next", "reward_raw")``       [B, T]     shaped score at the done step, 0 elsewhere
-``("next", "reward_kl")``        [B, T]     −kl_coef · kl per token
-``("next", "reward")``           [B, T]     reward_raw + reward_kl
-===============================  =========  =====================================================
+Keys read and written (each configurable per transform): the torchrl keys of the rollout TensorDict, whose
+shapes and meanings are declared once, in the table of :class:`rlhf_train.core.containers.Rollout`
+(``TORCHRL_KEYS`` maps its fields to these keys). Score shaping reads and writes ``("next", "score")``;
+the KL trio reads ``("tokens", "full")``, ``("masks", ...)``, ``("log_probs", "response")`` and
+``kl_coef`` and writes ``("ref_log_probs", "response")``, ``("next", "kl")``, ``kl_per_sequence`` and
+``("next", "reward_raw" | "reward_kl" | "reward")``.
 """
 from __future__ import annotations
 
