@@ -1,6 +1,7 @@
 """The reward-shaping stack: reference log-prob → KL → reward adjustment (+ score shaping).
 
-Each transform maps a rollout TensorDict (batch ``[B]``, written by ``RolloutFromModel``) to itself with new keys, and is a torchrl :class:`~torchrl.envs.Transform`, so the same objects compose with
+Each transform maps a rollout TensorDict (batch ``[B]``, written by ``RolloutFromModel``) to itself
+with new keys, and is a torchrl :class:`~torchrl.envs.Transform`, so the same objects compose with
 torchrl environments. The stack is assembled from YAML as an ordered dict keyed by name
 (``conf/transforms/default.yaml``) so a recipe or the command line can override or drop one entry.
 
