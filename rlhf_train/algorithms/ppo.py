@@ -7,6 +7,7 @@ The math is in ``rlhf_train/core/`` (:func:`~rlhf_train.core.advantages.gae`,
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 
@@ -19,7 +20,8 @@ from rlhf_train.core.masked import global_masked_whiten, masked_mean
 
 @dataclass
 class PPOConfig:
-    """The ``ppo`` config section (conf/ppo/default.yaml explains each key)."""
+    """The ``ppo`` config section (conf/ppo/default.yaml explains each key); also its Hydra schema
+    (``ppo_schema``, registered in rlhf_train/config/schema.py), so the two cannot drift."""
 
     num_epochs: int = 4
     minibatch_size: int = 16
@@ -31,7 +33,7 @@ class PPOConfig:
     gamma: float = 1.0
     lam: float = 0.95
     whiten_advantages: bool = True
-    max_grad_norm: float | None = 1.0
+    max_grad_norm: Optional[float] = 1.0  # Optional[...], not `| None`: OmegaConf reads this as a schema
 
 
 def finite_rows(rollout: Rollout) -> torch.Tensor:

@@ -14,6 +14,8 @@ from typing import Any, Dict, List, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
+from rlhf_train.algorithms.ppo import PPOConfig
+
 
 # ---------------------------------------------------------------- models
 # One schema per tokenizer factory: the keys that function takes (an unknown key fails at start).
@@ -125,21 +127,6 @@ class RolloutSchema:
     do_sample: bool = True
     score_clip: Optional[float] = 10.0
     logprob_batch_size: Optional[int] = None
-
-
-@dataclass
-class PPOSchema:
-    num_epochs: int = 4
-    minibatch_size: int = 16
-    gradient_accumulation_steps: int = 1
-    clip_eps: float = 0.2
-    clip_eps_value: float = 0.2
-    vf_coef: float = 0.1
-    ent_coef: float = 0.0
-    gamma: float = 1.0
-    lam: float = 0.95
-    whiten_advantages: bool = True
-    max_grad_norm: Optional[float] = 1.0
 
 
 @dataclass
@@ -306,7 +293,7 @@ def register_configs() -> None:
     cs.store(group="data", name="synthetic_schema", node=SyntheticDataSchema)
     cs.store(group="data", name="tldr_schema", node=TldrDataSchema)
     cs.store(group="rollout", name="rollout_schema", node=RolloutSchema)
-    cs.store(group="ppo", name="ppo_schema", node=PPOSchema)
+    cs.store(group="ppo", name="ppo_schema", node=PPOConfig)  # the typed section the update reads
     cs.store(group="optimizer", name="optimizer_schema", node=OptimizerSchema)
     cs.store(group="scheduler", name="scheduler_schema", node=SchedulerSchema)
     cs.store(group="trainer", name="trainer_schema", node=TrainerSchema)
