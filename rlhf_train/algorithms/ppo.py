@@ -6,34 +6,14 @@ The math is in ``rlhf_train/core/`` (:func:`~rlhf_train.core.advantages.gae`,
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Optional
-
 import torch
 
 from rlhf_train.algorithms.base import AllReduceSum, PolicyOutput
+from rlhf_train.algorithms.configs import PPOConfig
 from rlhf_train.core.advantages import gae
 from rlhf_train.core.containers import Rollout
 from rlhf_train.core.losses import policy_loss, value_loss
 from rlhf_train.core.masked import global_masked_whiten, masked_mean
-
-
-@dataclass
-class PPOConfig:
-    """The ``ppo`` config section (conf/ppo/default.yaml explains each key); also its Hydra schema
-    (``ppo_schema``, registered in rlhf_train/config/schema.py), so the two cannot drift."""
-
-    num_epochs: int = 4
-    minibatch_size: int = 16
-    gradient_accumulation_steps: int = 1
-    clip_eps: float = 0.2
-    clip_eps_value: float = 0.2
-    vf_coef: float = 0.1
-    ent_coef: float = 0.0
-    gamma: float = 1.0
-    lam: float = 0.95
-    whiten_advantages: bool = True
-    max_grad_norm: Optional[float] = 1.0  # Optional[...], not `| None`: OmegaConf reads this as a schema
 
 
 def finite_rows(rollout: Rollout) -> torch.Tensor:

@@ -14,7 +14,7 @@ from typing import Any, Dict, List, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
-from rlhf_train.algorithms.ppo import PPOConfig
+from rlhf_train.algorithms.configs import PPOConfig
 
 
 # ---------------------------------------------------------------- models
