@@ -21,6 +21,16 @@ from rlhf_train.core.containers import Rollout
 AllReduceSum = Callable[[torch.Tensor], torch.Tensor]
 
 
+def finite_rows(rollout: Rollout) -> torch.Tensor:
+    """``[B]``: True where the row's rewards, sampling log-probs, values, advantages and returns (those
+    present) are all finite. A faulty row must not poison the others' statistics or gradients."""
+    ok = torch.ones(rollout.batch_size[0], dtype=torch.bool, device=rollout.device)
+    for x in (rollout.reward, rollout.sample_log_prob, rollout.values, rollout.advantage, rollout.returns):
+        if x is not None:
+            ok &= torch.isfinite(x).flatten(1).all(-1)
+    return ok
+
+
 class AdvantageEstimator(Protocol):
     """``rollout -> (advantages [B, T], returns [B, T] or None)``, 0 outside ``rollout.masks.response``.
 

@@ -8,22 +8,12 @@ from __future__ import annotations
 
 import torch
 
-from rlhf_train.algorithms.base import AllReduceSum, PolicyOutput
+from rlhf_train.algorithms.base import AllReduceSum, PolicyOutput, finite_rows
 from rlhf_train.algorithms.configs import PPOConfig
 from rlhf_train.core.advantages import gae
 from rlhf_train.core.containers import Rollout
 from rlhf_train.core.losses import policy_loss, value_loss
 from rlhf_train.core.masked import global_masked_whiten, masked_mean
-
-
-def finite_rows(rollout: Rollout) -> torch.Tensor:
-    """``[B]``: True where the row's rewards, sampling log-probs, values, advantages and returns (those
-    present) are all finite. A faulty row must not poison the others' statistics or gradients."""
-    ok = torch.ones(rollout.batch_size[0], dtype=torch.bool, device=rollout.device)
-    for x in (rollout.reward, rollout.sample_log_prob, rollout.values, rollout.advantage, rollout.returns):
-        if x is not None:
-            ok &= torch.isfinite(x).flatten(1).all(-1)
-    return ok
 
 
 class GAE:

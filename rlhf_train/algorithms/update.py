@@ -10,8 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from rlhf_train.algorithms.base import Algorithm, PolicyOutput
-from rlhf_train.algorithms.ppo import finite_rows
+from rlhf_train.algorithms.base import Algorithm, PolicyOutput, finite_rows
 from rlhf_train.core.containers import Rollout
 from rlhf_train.core.sampling import SamplingParams
 

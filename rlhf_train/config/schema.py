@@ -2,8 +2,9 @@
 
 Each YAML option of a config group starts with ``defaults: [<group>_schema, _self_]`` (or a more
 specific schema: one per prompt dataset and per tokenizer factory, holding exactly the keys that
-function takes; or another option of the same group, which it extends), so Hydra type-checks it at start: an unknown key or a value of the wrong type fails
-with Hydra's one-line message naming the key, before any work is done. The meaning of every key is
+function takes; or another option of the same group, which it extends), so Hydra type-checks it at
+start: an unknown key or a value of the wrong type fails with Hydra's one-line message naming the key,
+before any work is done. The meaning of every key is
 documented in the YAML files under ``conf/``.
 """
 from __future__ import annotations

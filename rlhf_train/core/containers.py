@@ -64,12 +64,16 @@ def response_mask_from_tokens(response: torch.Tensor, eos_token_id: int) -> torc
     return eos_before == 0
 
 
-def left_pad(ids: torch.Tensor, mask: torch.Tensor, pad_token_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Move every row's real tokens to the right end (left padding), vectorised. ``[B, L]`` → ``[B, L]``."""
+def _pack(ids: torch.Tensor, mask: torch.Tensor, pad_token_id: int, real_first: bool):
+    """Move every row's real tokens to one end, keeping their order (a stable sort on the mask), vectorised."""
     mask = mask.bool()
-    # stable sort puts pads (key 0) first and keeps the order of real tokens (key 1)
-    order = torch.sort(mask.long(), dim=-1, stable=True).indices
+    order = torch.sort((~mask if real_first else mask).long(), dim=-1, stable=True).indices
     return ids.gather(-1, order).masked_fill(~mask.gather(-1, order), pad_token_id), mask.gather(-1, order)
+
+
+def left_pad(ids: torch.Tensor, mask: torch.Tensor, pad_token_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Move every row's real tokens to the right end (left padding, as ``generate`` needs). ``[B, L]`` → ``[B, L]``."""
+    return _pack(ids, mask, pad_token_id, real_first=False)
 
 
 
@@ -78,9 +82,7 @@ def right_pad(ids: torch.Tensor, mask: torch.Tensor, pad_token_id: int) -> tuple
 
     What reward models with torchrl's ``GPT2RewardModel`` interface expect: they read the end score at
     position ``mask.sum(-1) - 1`` and number positions from 0 at the first column."""
-    mask = mask.bool()
-    order = torch.sort((~mask).long(), dim=-1, stable=True).indices  # real tokens (key 0) first, in order
-    return ids.gather(-1, order).masked_fill(~mask.gather(-1, order), pad_token_id), mask.gather(-1, order)
+    return _pack(ids, mask, pad_token_id, real_first=True)
 
 
 class Rollout(TensorClass["nocast", "shadow"]):
@@ -144,20 +146,6 @@ class Rollout(TensorClass["nocast", "shadow"]):
         present = set(td.keys(include_nested=True))
         fields = {name: td.get(key) for name, key in TORCHRL_KEYS.items() if key in present}
         return cls(**fields, batch_size=td.batch_size[:1], device=td.device)
-
-    def to_torchrl(self) -> TensorDict:
-        """The torchrl-style TensorDict of this rollout (the keys of :data:`TORCHRL_KEYS`, plus
-        ``action`` and ``("log_probs", "response")``, both torchrl's names for existing fields)."""
-        td = TensorDict({}, batch_size=self.batch_size, device=self.device)
-        for name, key in TORCHRL_KEYS.items():
-            value = getattr(self, name)
-            if value is not None:
-                td.set(key, value)
-        if self.tokens is not None:
-            td.set("action", self.tokens.response)
-        if self.sample_log_prob is not None:
-            td.set("log_probs", LogProbs(response=self.sample_log_prob, batch_size=self.batch_size))
-        return td
 
 
 # Rollout field -> key of the torchrl-style rollout TensorDict (RolloutFromModel's output, the transforms' input)

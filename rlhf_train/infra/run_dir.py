@@ -16,13 +16,13 @@ import sys
 import tempfile
 from pathlib import Path
 
-RUN_DIR_LINE = "[rlhf_train] run dir: "  # the first line a run logs (rlhf_train/__main__.py)
-# run dir (absolute) -> the top-most folder of its path that did not exist before Hydra created it
-_CREATED: dict[str, Path] = {}
-
 from hydra.experimental.callback import Callback
 
 from rlhf_train.infra.errors import ConfigError
+
+RUN_DIR_LINE = "[rlhf_train] run dir: "  # the first line a run logs (rlhf_train/__main__.py)
+# run dir (absolute) -> the top-most folder of its path that did not exist before Hydra created it
+_CREATED: dict[str, Path] = {}
 
 
 def check_writable(path: str | Path, key: str = "hydra.run.dir") -> None:

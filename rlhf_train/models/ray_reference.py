@@ -29,6 +29,7 @@ from typing import Callable
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from rlhf_train.core.sampling import SamplingParams
 from rlhf_train.infra.checkpoint import apply_umask
 from rlhf_train.infra.errors import ConfigError
 
@@ -124,15 +125,20 @@ def default_actor_name(source: str) -> str:
     return "rlhf_ref_" + hashlib.sha1(os.path.abspath(source).encode()).hexdigest()[:12]
 
 
+def _reference_sampling(rollout_cfg: DictConfig) -> tuple[float, int, float]:
+    """``(temperature, top_k, top_p)`` the reference scores under: the sampling temperature alone
+    (:meth:`SamplingParams.for_reference`, as in the in-process reference pass)."""
+    s = SamplingParams(float(rollout_cfg.temperature), int(rollout_cfg.top_k), float(rollout_cfg.top_p)).for_reference()
+    return s.temperature, s.top_k, s.top_p
+
+
 def get_or_create_actor(ray, name: str, factory: LoadReference, options: dict, rollout_cfg: DictConfig):
     """The named actor ``name`` (created with ``factory`` if nobody has created it yet)."""
     remote_cls = ray.remote(num_cpus=options["num_cpus"], num_gpus=options["num_gpus"])(ReferenceLogProbActor)
     actor = remote_cls.options(
         name=name, namespace=options["namespace"], get_if_exists=True,
         lifetime="detached" if options["detached"] else None,
-    # the reference scores under the sampling temperature only (no top-k / top-p filter of its own:
-    # a sampled token outside it would get log pi_ref = -inf, an infinite KL)
-    ).remote(factory, float(rollout_cfg.temperature), 0, 1.0, rollout_cfg.logprob_batch_size, options["device"])
+    ).remote(factory, *_reference_sampling(rollout_cfg), rollout_cfg.logprob_batch_size, options["device"])
     ray.get(actor.ready.remote())  # surfaces load errors here, before training starts
     return actor
 

@@ -141,7 +141,6 @@ class RolloutFromModel:
         base = self.unwrap_fn(model)
         self.eos_token_id, self.pad_token_id = _special_ids(getattr(base, "lm", base), tokenizer, eos_token_id, pad_token_id)
         self.sampling = SamplingParams(temperature, top_k, top_p)
-        self.temperature, self.top_k, self.top_p, self.do_sample = temperature, top_k, top_p, do_sample
         self.backend = generation_backend or HFGenerateBackend(
             model, eos_token_id=self.eos_token_id, pad_token_id=self.pad_token_id, max_new_tokens=max_new_tokens,
             sampling=self.sampling, do_sample=do_sample, with_scores=logprobs_from_generate, unwrap_fn=self.unwrap_fn)
@@ -244,10 +243,8 @@ class RolloutFromModel:
         """Generate on ``batch`` and return the scored rollout TensorDict (see :meth:`create_rollout_td`).
         ``kl_coef``: the coefficient the reward is shaped with (default: :attr:`kl_coef`)."""
         prompt, prompt_mask = prompts_from_batch(batch, self.pad_token_id)
-        if generation_config is None:
-            gen = self.backend.generate(prompt, prompt_mask, self.num_samples)
-        else:
-            gen = self.backend.generate(prompt, prompt_mask, self.num_samples, generation_config=generation_config)
+        extra = {} if generation_config is None else {"generation_config": generation_config}  # torchrl's API
+        gen = self.backend.generate(prompt, prompt_mask, self.num_samples, **extra)
         prompt, prompt_mask = self._repeat(prompt, prompt_mask)
         full = torch.cat([prompt, gen.response], dim=1)
         return self.create_rollout_td(batch, full, gen.log_probs, None, prompt_len=prompt.shape[1],
