@@ -16,6 +16,7 @@ from transformers import LogitsProcessor, LogitsProcessorList
 from rlhf_train.core.containers import response_mask_from_tokens
 from rlhf_train.core.sampling import SamplingParams, process_logits
 from rlhf_train.generation.base import Generation
+from rlhf_train.models.scoring import lm_trunk_and_head
 
 
 class InverseCDFSampler(LogitsProcessor):
@@ -116,7 +117,8 @@ class HFGenerateBackend:
             kwargs["generation_config"] = generation_config
         with_scores = self.with_scores and sampler is not None
         value_head = getattr(base, "value_head", None) if with_scores else None
-        with last_hidden_per_step(lm.base_model) if value_head is not None else contextlib.nullcontext() as hidden:
+        trunk = lm_trunk_and_head(lm)[0]  # (a peft model's too)
+        with last_hidden_per_step(trunk) if value_head is not None else contextlib.nullcontext() as hidden:
             out = lm.generate(input_ids=prompt, attention_mask=prompt_mask.long(), **kwargs)
         T = self.max_new_tokens
         response = out[:, prompt.shape[1]:]

@@ -18,6 +18,7 @@ from torch import nn
 
 from rlhf_train.infra.errors import ConfigError
 from rlhf_train.models.loading import build_causal_lm
+from rlhf_train.models.lora import apply_lora
 from rlhf_train.models.scoring import (
     lm_trunk_and_head,
     response_hidden,
@@ -45,7 +46,7 @@ class PolicyWithValue(nn.Module):
     only) and ``values [B, T]`` from one pass; ``generate`` is the LM's own KV-cached ``generate``.
     """
 
-    def __init__(self, lm: nn.Module, value_head: ValueHead):
+    def __init__(self, lm: nn.Module, value_head: ValueHead | None):
         super().__init__()
         self.lm = lm
         self.value_head = value_head
@@ -62,7 +63,7 @@ class PolicyWithValue(nn.Module):
         :func:`response_logprobs`). Both go through ``forward``, so DDP/FSDP wrappers see them."""
         trunk, head = lm_trunk_and_head(self.lm)
         hidden = response_hidden(trunk, full, full_mask, prompt_len)
-        values = self.value_head(hidden)
+        values = self.value_head(hidden) if self.value_head is not None else None  # None: no critic
         if labels is None:
             return head(hidden), values
         log_probs, entropy = response_logprobs(hidden, head, labels, temperature, top_k, top_p, with_entropy)
@@ -80,12 +81,21 @@ def build_policy(
     dropout: float | None = 0.0,
     value_head_init_std: float = 0.0,
     gradient_checkpointing: bool = False,
+    lora: dict | None = None,
+    value_head: bool = True,
+    dtype: str = "float32",
 ) -> PolicyWithValue:
-    """The policy: a causal LM (see :func:`build_causal_lm`) plus a value head on its trunk."""
-    lm = build_causal_lm(pretrained, config, tokenizer, trust_remote_code, dropout, "policy.pretrained")
+    """The policy: a causal LM (see :func:`build_causal_lm`) plus a value head on its trunk.
+
+    ``lora`` (``policy.lora``): with ``r > 0`` the LM becomes a peft LoRA model (:mod:`rlhf_train.models.lora`):
+    only the adapter and the value head train."""
+    # dtype (policy.dtype): float32 | bfloat16 weights; the value head computes in float32 (ValueHead.forward)
+    lm = build_causal_lm(pretrained, config, tokenizer, trust_remote_code, dropout, "policy.pretrained", dtype)
     if gradient_checkpointing:
         lm.gradient_checkpointing_enable()
-    return PolicyWithValue(lm, ValueHead(lm.config.hidden_size, value_head_init_std))
+    lm = apply_lora(lm, lora, gradient_checkpointing)
+    # value_head=False (a critic-free algorithm; the trainer passes it): no value-head parameters at all
+    return PolicyWithValue(lm, ValueHead(lm.config.hidden_size, value_head_init_std) if value_head else None)
 
 
 def build_reference(

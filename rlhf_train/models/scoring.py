@@ -44,7 +44,10 @@ def response_hidden(trunk: nn.Module, full: torch.Tensor, full_mask: torch.Tenso
 
 
 def lm_trunk_and_head(lm: nn.Module) -> tuple[nn.Module, nn.Module]:
-    """(transformer trunk, LM head) of a ``transformers`` causal LM."""
+    """(transformer trunk, LM head) of a ``transformers`` causal LM (of the model inside a peft model:
+    its adapters stay in the trunk's layers, switched on or off by ``disable_adapter()``)."""
+    if hasattr(lm, "get_base_model") and hasattr(lm, "peft_config"):
+        lm = lm.get_base_model()
     return lm.base_model, lm.get_output_embeddings()
 
 

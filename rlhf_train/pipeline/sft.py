@@ -12,6 +12,11 @@
   4. validation loss (mean per-token cross-entropy, nats) every ``eval_every`` steps and at the end;
   5. ``save_pretrained`` of model and tokenizer into ``out_dir`` (the PPO stage loads it from there).
 
+With ``sft.lora.r > 0`` step 2 puts a LoRA adapter on the ``sft.init`` model (peft,
+:mod:`rlhf_train.models.lora`) and only the adapter trains; step 5 saves the adapter in
+``out_dir/adapter`` and the merged model (``merge_and_unload``) in ``out_dir``: a plain model for the PPO
+stage, whose own ``policy.lora`` (if any) is then a fresh adapter on it.
+
 The training-loop helpers here (:func:`make_optimizer`, :func:`batches`) are shared with the reward
 model stage (:mod:`rlhf_train.pipeline.reward_training`).
 """
@@ -27,6 +32,7 @@ import torch
 from omegaconf import DictConfig
 
 from rlhf_train.infra.errors import ConfigError
+from rlhf_train.models.lora import apply_lora, is_peft_model, lora_settings
 
 log = logging.getLogger(__name__)
 
@@ -164,6 +170,10 @@ def train_sft(cfg: DictConfig, tokenizer, out_dir: str | Path) -> dict[str, Any]
     """Run the SFT stage (module docstring) and save into ``out_dir``; returns its metrics."""
     s = cfg.sft
     check_positive("sft", s, ("max_len", "batch_size", "max_steps", "lr", "eval_every"))
+    lora = s.get("lora")
+    if lora_settings(lora, "sft.lora") is not None and not s.init:
+        raise ConfigError("sft.lora.r>0 trains an adapter on a pretrained model, but sft.init is null (a random "
+                          "model): set sft.init=<model dir or hub name>, or sft.lora.r=0")
     torch.manual_seed(s.seed)
     t0 = time.perf_counter()
     # 1. data
@@ -172,6 +182,7 @@ def train_sft(cfg: DictConfig, tokenizer, out_dir: str | Path) -> dict[str, Any]
         raise ConfigError("the SFT training set is empty; check sft.source / sft.dataset / sft.max_train_examples")
     # 2. model
     lm = build_sft_model(cfg, tokenizer)
+    lm = apply_lora(lm, lora, key="sft.lora")  # r = 0: lm itself; the optimizer takes its trainable parameters
     lm.train()
     opt, sched = make_optimizer(lm.parameters(), s, s.max_steps)
     rows = batches(train["input_ids"].shape[0], s.batch_size, s.seed)
@@ -201,6 +212,9 @@ def train_sft(cfg: DictConfig, tokenizer, out_dir: str | Path) -> dict[str, Any]
                      val_loss, time.perf_counter() - t0)
     # 5. save
     lm.eval()
+    if is_peft_model(lm):  # LoRA: the adapter, then the merged plain model the PPO stage loads
+        lm.save_pretrained(str(Path(out_dir) / "adapter"))
+        lm = lm.merge_and_unload()
     lm.save_pretrained(str(out_dir))
     tokenizer.save_pretrained(str(out_dir))
     return {"sft/val_loss": val_loss, "sft/val_perplexity": math.exp(min(val_loss, 50.0)),
