@@ -36,6 +36,14 @@ class MovieReviewsTokenizerSchema:  # conf/tokenizer/movie_reviews_bpe.yaml -> t
 
 
 @dataclass
+class LoraSchema:  # policy.lora -> rlhf_train.models.lora.apply_lora (peft)
+    r: int = 0
+    alpha: float = 16.0
+    dropout: float = 0.0
+    target_modules: Any = "all-linear"
+
+
+@dataclass
 class PolicySchema:
     _target_: str = "rlhf_train.models.policy.build_policy"
     pretrained: Optional[str] = None
@@ -44,6 +52,7 @@ class PolicySchema:
     dropout: Optional[float] = 0.0
     value_head_init_std: float = 0.0
     gradient_checkpointing: bool = False
+    lora: LoraSchema = field(default_factory=LoraSchema)
 
 
 @dataclass
@@ -216,6 +225,7 @@ class RMSchema:
     min_lr_ratio: float = 0.1
     grad_clip: Optional[float] = 1.0
     dropout: Optional[float] = 0.0
+    lora: LoraSchema = field(default_factory=LoraSchema)
     eval_every: int = 100
     eval_batch_size: int = 64
     max_train_pairs: Optional[int] = None

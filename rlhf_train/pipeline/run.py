@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -232,8 +233,8 @@ def run_ppo_stage(cfg, run_dir: Path, plan, policy_dir: str, rm_dir: str, timer)
     with timer("ppo") as row:
         def build(tmp: Path) -> dict:
             out = train(ppo_config(cfg, policy_dir, rm_dir), run_dir)
-            out["policy"].lm.save_pretrained(str(tmp / "policy"))
-            out["components"].tokenizer.save_pretrained(str(tmp / "policy"))
+            # the run's export (train writes it): a plain HF model dir; with LoRA merged, adapter in policy/adapter/
+            shutil.copytree(run_dir / "policy", tmp / "policy")
             return {"metrics": out["metrics"], "history": out["history"]}
 
         info, row["reused"] = cached_stage(plan["ppo_dir"], build)
