@@ -1,6 +1,7 @@
 """Layer 5, algorithms: what to do with a batch of scored rollouts.
 
-The ``Algorithm`` and ``AdvantageEstimator`` interfaces (``base``), PPO with GAE (``ppo``) and the minibatch
+The ``Algorithm`` and ``AdvantageEstimator`` interfaces (``base``), PPO with GAE (``ppo``), the critic-free
+GRPO / RLOO / REINFORCE++ (``critic_free``), their config sections (``configs``) and the minibatch
 update with gradient accumulation and skipping of non-finite minibatches (``update``). The per-tensor
 math they call lives in :mod:`rlhf_train.core`.
 

@@ -5,8 +5,9 @@ A new algorithm goes in ``rlhf_train/algorithms/<name>.py`` as a class with the 
 of :class:`Algorithm` (its math as pure functions in ``rlhf_train/core/``), plus a config; the loop
 (``rlhf_train/loop/trainer.py``) and the minibatch update (:mod:`rlhf_train.algorithms.update`) stay as
 they are. A new advantage estimator is a pure function in ``rlhf_train/core/advantages.py`` wrapped as
-an :class:`AdvantageEstimator`. Today's implementation: :class:`rlhf_train.algorithms.ppo.PPO` with
-:class:`rlhf_train.algorithms.ppo.GAE`.
+an :class:`AdvantageEstimator`. Implementations: :class:`rlhf_train.algorithms.ppo.PPO` with
+:class:`rlhf_train.algorithms.ppo.GAE`; :class:`rlhf_train.algorithms.critic_free.PolicyGradient` (GRPO,
+RLOO, REINFORCE++) with its estimators.
 """
 from __future__ import annotations
 
@@ -60,11 +61,17 @@ class Algorithm(Protocol):
     needs_critic: bool      # a value head is built, trained (value loss) and read during rollouts
     kl_in_reward: bool      # True: the KL penalty is shaped into the per-token reward (the transform stack)
                             # False: the algorithm puts it in its loss (the rollout still carries ref log-probs)
+    needs_reference: bool   # a reference model is built and run (KL in the reward or in the loss)
     needs_entropy: bool     # the loss uses the policy entropy (an entropy bonus): computed every epoch
     estimator: AdvantageEstimator
 
+    def loss_units(self, mask: torch.Tensor) -> torch.Tensor:
+        """How many units (response tokens, or sequences) the loss of a micro-batch with response
+        ``mask [b, T]`` is a mean over; the update weights micro-batches and processes by it."""
+        ...
+
     def loss(self, out: PolicyOutput, mb: Rollout) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """``(loss, stats)`` of one micro-batch ``mb``: the loss a **mean over its response tokens** (the
-        update rescales it to a mean over all processes' tokens); stats are detached scalars named as in
+        """``(loss, stats)`` of one micro-batch ``mb``: the loss a **mean over its** :meth:`loss_units` (the
+        update rescales it to a mean over all processes' units); stats are detached scalars named as in
         the README's metric glossary (``loss/policy``, ``policy/clipfrac``, ...)."""
         ...

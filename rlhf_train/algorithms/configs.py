@@ -23,3 +23,23 @@ class PPOConfig:
     lam: float = 0.95
     whiten_advantages: bool = True
     max_grad_norm: Optional[float] = 1.0  # Optional[...], not `| None`: OmegaConf reads this as a schema
+
+
+ALGORITHM_NAMES = ("ppo", "grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline")
+
+
+@dataclass
+class AlgorithmConfig:
+    """The ``algorithm`` config group (conf/algorithm/<name>.yaml explains each key; also its Hydra schema,
+    ``algorithm_schema``). It picks the advantage estimator, the policy loss's variants and where the KL
+    term goes; the update's shared keys (epochs, minibatch size, clip_eps, ...) stay in ``ppo``."""
+
+    name: str = "ppo"                    # ppo | grpo | rloo | reinforce_pp | reinforce_pp_baseline
+    scale_rewards: str = "group"         # grpo: group | batch | none (Dr. GRPO)
+    loss_agg: str = "token_mean"         # token_mean | seq_mean_token_mean | seq_mean_token_sum_norm
+    norm_length: Optional[int] = None    # seq_mean_token_sum_norm's divisor (null = rollout.max_new_tokens)
+    clip_low: Optional[float] = None     # ratio clipped below at 1 - clip_low (null = ppo.clip_eps)
+    clip_high: Optional[float] = None    # ratio clipped above at 1 + clip_high (null = ppo.clip_eps)
+    ratio_level: str = "token"           # token | sequence (GSPO)
+    kl_in_reward: bool = True            # the KL penalty is shaped into the reward (transform stack + controller)
+    beta: float = 0.0                    # weight of the k3 KL to the reference in the loss (needs kl_in_reward false)

@@ -38,11 +38,17 @@ class PPO:
 
     needs_critic = True
     kl_in_reward = True
+    needs_reference = True
 
     def __init__(self, cfg: PPOConfig):
         self.cfg = cfg
         self.needs_entropy = bool(cfg.ent_coef)
         self.estimator = GAE(cfg.gamma, cfg.lam, cfg.whiten_advantages)
+
+    @staticmethod
+    def loss_units(mask: torch.Tensor) -> torch.Tensor:
+        """The loss is a mean over response tokens."""
+        return mask.sum()
 
     def loss(self, out: PolicyOutput, mb: Rollout) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         mask = mb.masks.response

@@ -42,8 +42,9 @@ def minibatch_update(policy, optimizer, lr_scheduler, accelerator, rollout: Roll
                      sampling: SamplingParams, cfg: UpdateConfig, generator: torch.Generator, fault_state: dict) -> dict:
     """``cfg.num_epochs`` passes over the rollouts (batch ``[B]``) in minibatches of ``cfg.minibatch_size``.
 
-    The loss of each micro-batch is the algorithm's token mean, rescaled to this process's share of the
-    mean over all processes' tokens of the minibatch (DDP averages over processes), so N processes ×
+    The loss of each micro-batch is the algorithm's mean over its units (tokens or sequences,
+    :meth:`Algorithm.loss_units`), rescaled to this process's share of the mean over all processes' units
+    of the minibatch (DDP averages over processes), so N processes ×
     B/N rows give the gradient of 1 × B. A minibatch whose rollout fields (:func:`finite_rows`), loss or
     gradient norm is not finite is skipped: no optimizer step, counted in ``fault_state["skipped"]``
     (logged as ``faults/skipped_updates``), its stats left out of the means. ``cfg.max_consecutive_faults``
@@ -59,9 +60,9 @@ def minibatch_update(policy, optimizer, lr_scheduler, accelerator, rollout: Roll
         perm = torch.randperm(B, generator=generator)
         for start in range(0, B - mbs + 1, mbs):
             idx = perm[start:start + mbs]
-            # global token count of this minibatch: DDP averages over processes (× num_processes undoes
-            # it) and accelerator.backward divides by the accumulation steps (× accum undoes it)
-            n_tokens = rollout.masks.response[idx].sum().float().to(accelerator.device)
+            # global unit (token / sequence) count of this minibatch: DDP averages over processes
+            # (× num_processes undoes it) and accelerator.backward divides by the accumulation steps (× accum)
+            n_tokens = algorithm.loss_units(rollout.masks.response[idx]).float().to(accelerator.device)
             n_global = accelerator.reduce(n_tokens, "sum") if accelerator.num_processes > 1 else n_tokens
             token_scale = accelerator.num_processes * accum / n_global.clamp(min=1).item()
             mb_stats = []
@@ -72,7 +73,7 @@ def minibatch_update(policy, optimizer, lr_scheduler, accelerator, rollout: Roll
                     # the entropy is logged from the first epoch (later epochs need it only as a bonus)
                     out = policy_forward(policy, mb, sampling, with_entropy=epoch == 0 or algorithm.needs_entropy)
                     loss, stats = algorithm.loss(out, mb)
-                    loss = loss * mb.masks.response.sum().clamp(min=1) * token_scale
+                    loss = loss * algorithm.loss_units(mb.masks.response).clamp(min=1) * token_scale
                     finite = (torch.isfinite(loss) & finite_rows(mb).all()).float()
                     if accelerator.num_processes > 1:  # 1 only if finite everywhere (reduce has no "min")
                         finite = accelerator.reduce(finite, "mean")

@@ -1,4 +1,5 @@
-"""Advantage estimators over response tokens: generalised advantage estimation (GAE).
+"""Advantage estimators over response tokens: generalised advantage estimation (GAE, PPO) and the
+critic-free ones: group-normalised (GRPO), leave-one-out (RLOO), return-to-go (REINFORCE++).
 
 Shapes: B = batch (sequences), T = response tokens. ``rewards``, ``values`` and ``mask`` are ``[B, T]``;
 ``mask`` is 1 on response tokens (a contiguous prefix of each row, up to and including EOS), 0 after.
@@ -14,6 +15,8 @@ Reference:
   eq. 16: ``A_t = Σ_{l≥0} (γλ)^l δ_{t+l}``, ``δ_t = r_t + γ V(s_{t+1}) - V(s_t)``.
 """
 from __future__ import annotations
+
+from typing import Callable
 
 import torch
 from torch import Tensor
@@ -46,3 +49,91 @@ def gae(rewards: Tensor, values: Tensor, mask: Tensor, gamma: float, lam: float)
     advantages = (deltas @ W.T) * m
     returns = (advantages + values) * m
     return advantages, returns
+
+
+# ---------------------------------------------------------------------------------------------------
+# Critic-free estimators. ``scores [B]`` are per-sequence rewards; the ``group_size`` samples of one
+# prompt are adjacent rows (row ``i * group_size + j`` is sample ``j`` of prompt ``i``), so a group is a
+# row of ``scores.view(-1, group_size)``. A group stays on one process, so group statistics need no
+# communication; only ``scale="batch"`` (and the REINFORCE++ whitening) reduce over processes.
+# ---------------------------------------------------------------------------------------------------
+SCALE_REWARDS = ("group", "batch", "none")
+
+
+def _groups(scores: Tensor, group_size: int) -> Tensor:
+    if scores.dim() != 1 or group_size < 1 or scores.shape[0] % group_size:
+        raise ValueError(f"scores must be [B] with B a multiple of group_size={group_size}; got {tuple(scores.shape)}")
+    return scores.view(-1, group_size)
+
+
+def group_normalized_advantage(scores: Tensor, group_size: int, scale: str = "group", eps: float = 1e-6,
+                               all_reduce_sum: Callable[[Tensor], Tensor] | None = None) -> Tensor:
+    """GRPO's outcome advantage, one value per sequence. ``scores [B]`` -> ``[B]``.
+
+    Shao et al. 2024, "DeepSeekMath" §4.1.2 (outcome supervision): ``Â_i = (r_i − mean(r)) / std(r)`` over
+    the group of one prompt's samples, every token of sequence i getting ``Â_i``. ``scale``:
+
+        group: (r_i − mean_g) / (std_g + eps)      std_g the unbiased std of the group (GRPO)
+        batch: (r_i − mean_g) / (std_B + eps)      std_B the unbiased std of all processes' scores
+        none:  (r_i − mean_g)                      Dr. GRPO (Liu et al. 2025, §3.1: no std normalisation)
+
+    A group whose rewards are all equal gets 0 for every sample (no signal), never NaN.
+    ``all_reduce_sum`` (``scale="batch"`` only) sums a tensor over processes (``None``: one process).
+    """
+    g = _groups(scores, group_size)
+    centred = (g - g.mean(-1, keepdim=True)).reshape(-1)
+    if scale == "none":
+        return centred
+    if scale == "group":
+        std = g.std(-1, keepdim=True) if group_size > 1 else torch.zeros_like(g)
+        return (centred.view_as(g) / (std + eps)).reshape(-1)
+    if scale == "batch":
+        reduce = all_reduce_sum if all_reduce_sum is not None else (lambda t: t)
+        acc = torch.float64 if scores.device.type != "mps" else torch.float32
+        s = scores.to(acc)
+        first = reduce(torch.stack([s.sum(), torch.tensor(float(s.numel()), dtype=acc, device=s.device)]))
+        mean, n = first[0] / first[1].clamp(min=1), first[1]
+        sq = reduce(((s - mean) ** 2).sum().reshape(1))[0]
+        std = (sq / (n - 1).clamp(min=1)).sqrt().to(scores.dtype)
+        return centred / (std + eps)
+    raise ValueError(f"unknown scale {scale!r}; expected one of {', '.join(SCALE_REWARDS)}")
+
+
+def leave_one_out_advantage(scores: Tensor, group_size: int) -> Tensor:
+    """RLOO's advantage, one value per sequence. ``scores [B]`` -> ``[B]``.
+
+    Ahmadian et al. 2024, "Back to Basics: Revisiting REINFORCE Style Optimization for Learning from
+    Human Feedback in LLMs", §3.3 (after Kool et al. 2019): each sample's baseline is the mean reward of
+    the *other* k − 1 samples of its prompt,
+
+        A_i = r_i − 1/(k−1) Σ_{j≠i} r_j  =  k/(k−1) · (r_i − mean_g(r))
+
+    so it is unbiased (the baseline does not depend on sample i). Needs ``group_size >= 2``.
+    """
+    if group_size < 2:
+        raise ValueError(f"leave-one-out needs group_size >= 2, got {group_size}")
+    g = _groups(scores, group_size)
+    others = (g.sum(-1, keepdim=True) - g) / (group_size - 1)
+    return (g - others).reshape(-1)
+
+
+def group_mean_baseline(scores: Tensor, group_size: int) -> Tensor:
+    """``r_i − mean_g(r)``: the group-mean baseline of REINFORCE++-baseline (Hu 2025, §3; verl's
+    ``reinforce_plus_plus_baseline``). ``scores [B]`` -> ``[B]``."""
+    g = _groups(scores, group_size)
+    return (g - g.mean(-1, keepdim=True)).reshape(-1)
+
+
+def discounted_returns(rewards: Tensor, mask: Tensor, gamma: float = 1.0) -> Tensor:
+    """Return-to-go over response tokens: ``G_t = Σ_{k≥t} γ^(k−t) r_k m_k``. ``[B, T]`` -> ``[B, T]``, 0 outside.
+
+    REINFORCE++ (Hu 2025, "REINFORCE++: A Simple and Efficient Approach for Aligning Large Language
+    Models", §3: the per-token reward carries the KL penalty, the advantage is the return-to-go, then
+    normalised over the global batch). The same triangular matmul as :func:`gae` (GAE with V = 0, λ = 1).
+    """
+    m = mask.to(rewards.dtype)
+    T = rewards.shape[-1]
+    t = torch.arange(T, device=rewards.device)
+    lag = t[None, :] - t[:, None]
+    W = torch.where(lag >= 0, gamma ** lag.clamp(min=0).to(rewards.dtype), 0.0)
+    return ((rewards * m) @ W.T) * m

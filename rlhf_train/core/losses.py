@@ -1,4 +1,5 @@
-"""The losses of the policy update, per micro-batch: PPO's clipped surrogate and clipped value loss.
+"""The losses of the policy update, per micro-batch: PPO's clipped surrogate and clipped value loss, and
+the critic-free per-token surrogate (clip-higher, sequence-level ratio) with its loss aggregations.
 
 Shapes: all inputs ``[B, T]`` (B sequences, T response tokens); ``mask`` is 1 on response tokens (up
 to and including EOS). Losses are masked means over tokens; the update rescales them to a mean over all
@@ -9,13 +10,17 @@ References:
   Clipped value loss: the OpenAI baselines PPO2 implementation, as described in Huang et al. 2022,
   "The 37 Implementation Details of PPO" (detail 9, "Value Function Loss Clipping").
   ``approx_kl`` statistic: the k3 estimator of Schulman 2020, "Approximating KL Divergence".
+  Clip-higher and token-level aggregation: Yu et al. 2025, "DAPO" (eqs. 8, 10). GRPO's per-sequence
+  token mean: Shao et al. 2024, "DeepSeekMath" (eq. 3). The constant divisor: Liu et al. 2025,
+  "Understanding R1-Zero-Like Training" (Dr. GRPO, §3.1). Sequence-level ratio: Zheng et al. 2025,
+  "Group Sequence Policy Optimization" (GSPO, eq. 7).
 """
 from __future__ import annotations
 
 import torch
 from torch import Tensor
 
-from rlhf_train.core.masked import masked_mean
+from rlhf_train.core.masked import masked_mean, masked_sum
 
 
 def policy_loss(
@@ -64,3 +69,87 @@ def value_loss(
     with torch.no_grad():
         stats = {"clipfrac": masked_mean((vf_loss2 > vf_loss1).to(values.dtype), mask)}
     return loss, stats
+
+
+# ---------------------------------------------------------------------------------------------------
+# The critic-free policy losses (GRPO, RLOO, REINFORCE++) and their variants: asymmetric clipping
+# (DAPO), a sequence-level importance ratio (GSPO), three loss aggregations (DAPO / GRPO / Dr. GRPO).
+# ---------------------------------------------------------------------------------------------------
+LOSS_AGGS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm")
+RATIO_LEVELS = ("token", "sequence")
+
+
+def clipped_surrogate(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, mask: Tensor,
+                      clip_low: float, clip_high: float, ratio_level: str = "token"
+                      ) -> tuple[Tensor, dict[str, Tensor]]:
+    """Per-token clipped surrogate, NOT aggregated. All inputs ``[B, T]`` -> ``(loss [B, T], stats)``.
+
+        ratio  = exp(log π − log π_old)                                   ratio_level="token"
+               = exp(1/|y_i| Σ_t (log π − log π_old))  for every token      ratio_level="sequence" (GSPO)
+        loss_t = max(−A_t · ratio, −A_t · clip(ratio, 1 − clip_low, 1 + clip_high))
+
+    References: PPO (Schulman et al. 2017, eq. 7) with ε split into ``clip_low`` / ``clip_high``
+    ("clip-higher", DAPO: Yu et al. 2025, eq. 10); the sequence-level ratio ``s_i(θ)`` of GSPO (Zheng et
+    al. 2025, eq. 7), a length-normalised geometric mean of the token ratios.
+
+    The loss is 0 outside ``mask`` (log ratios there are set to 0 before ``exp``, as in
+    :func:`policy_loss`). stats (detached, masked token means): ``clipfrac`` (the clipped term is the
+    larger one), ``clipfrac_low`` (… with ratio < 1 − clip_low, i.e. A < 0), ``clipfrac_high`` (… with
+    ratio > 1 + clip_high, i.e. A > 0), ``approx_kl`` (k3 of the token ratios), ``ratio_mean``.
+    """
+    if ratio_level not in RATIO_LEVELS:
+        raise ValueError(f"unknown ratio_level {ratio_level!r}; expected one of {', '.join(RATIO_LEVELS)}")
+    inside = mask if mask.dtype == torch.bool else mask != 0
+    zero = torch.zeros((), dtype=log_probs.dtype, device=log_probs.device)
+    log_ratio = torch.where(inside, log_probs - old_log_probs, zero)
+    if ratio_level == "sequence":
+        seq = masked_mean(log_ratio, inside, dim=-1)[:, None]
+        ratio = torch.where(inside, torch.exp(seq).expand_as(log_ratio), zero + 1)
+    else:
+        ratio = torch.exp(log_ratio)
+    pg_loss1 = -advantages * ratio
+    pg_loss2 = -advantages * torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
+    loss = torch.where(inside, torch.max(pg_loss1, pg_loss2), zero)
+    with torch.no_grad():
+        clipped = (pg_loss2 > pg_loss1) & inside
+        f = ratio.dtype
+        stats = {
+            "clipfrac": masked_mean(clipped.to(f), inside),
+            "clipfrac_low": masked_mean((clipped & (ratio < 1.0 - clip_low)).to(f), inside),
+            "clipfrac_high": masked_mean((clipped & (ratio > 1.0 + clip_high)).to(f), inside),
+            "approx_kl": masked_mean(torch.expm1(log_ratio) - log_ratio, inside),
+            "ratio_mean": masked_mean(ratio, inside),
+        }
+    return loss, stats
+
+
+def loss_units(mask: Tensor, agg: str) -> Tensor:
+    """How many units :func:`aggregate_loss` averages over: response tokens (``token_mean``) or sequences
+    (the ``seq_mean_*`` modes). The update weights each micro-batch's loss by its units, so that N
+    processes × B/N rows give the gradient of 1 × B rows."""
+    if agg == "token_mean":
+        return mask.sum()
+    if agg in LOSS_AGGS:
+        return torch.tensor(mask.shape[0], device=mask.device)
+    raise ValueError(f"unknown loss aggregation {agg!r}; expected one of {', '.join(LOSS_AGGS)}")
+
+
+def aggregate_loss(loss: Tensor, mask: Tensor, agg: str, norm_length: int | None = None) -> Tensor:
+    """Reduce a per-token loss ``[B, T]`` to a scalar over ``mask``:
+
+        token_mean               Σ_{i,t} l / Σ_{i,t} m                   (DAPO, Yu et al. 2025, eq. 8:
+                                                                          every token weighs the same)
+        seq_mean_token_mean      1/B Σ_i (Σ_t l_{i,t} / |y_i|)           (GRPO, Shao et al. 2024, eq. 3)
+        seq_mean_token_sum_norm  1/B Σ_i (Σ_t l_{i,t} / norm_length)     (Dr. GRPO, Liu et al. 2025, §3.1:
+                                                                          a constant divisor, no length bias)
+
+    ``norm_length`` (``seq_mean_token_sum_norm`` only) defaults to ``T``, the generation budget.
+    """
+    inside = mask if mask.dtype == torch.bool else mask != 0
+    if agg == "token_mean":
+        return masked_mean(loss, inside)
+    if agg == "seq_mean_token_mean":
+        return masked_mean(loss, inside, dim=-1).mean()
+    if agg == "seq_mean_token_sum_norm":
+        return (masked_sum(loss, inside, dim=-1) / float(norm_length or loss.shape[-1])).mean()
+    raise ValueError(f"unknown loss aggregation {agg!r}; expected one of {', '.join(LOSS_AGGS)}")

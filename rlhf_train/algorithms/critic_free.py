@@ -1,0 +1,140 @@
+"""Critic-free policy-gradient algorithms: GRPO (Shao et al. 2024), RLOO (Ahmadian et al. 2024),
+REINFORCE++ and REINFORCE++-baseline (Hu 2025), with the loss variants of DAPO (clip-higher, token-mean
+aggregation), Dr. GRPO (no std scaling, a constant length divisor) and GSPO (sequence-level ratio).
+
+One :class:`PolicyGradient` algorithm serves them all: its estimator (chosen by ``algorithm.name``) makes
+the advantages, its loss is the clipped surrogate (:func:`~rlhf_train.core.losses.clipped_surrogate`)
+aggregated per ``algorithm.loss_agg``, plus ``beta`` × k3 KL to the reference per token when the KL goes
+in the loss (GRPO). No value head, value loss or returns. The math is in ``rlhf_train/core/``.
+
+The sequence reward an estimator sees is the masked sum of the rollout's per-token ``reward``: the
+shaped score, plus the KL penalty when it is in the reward (RLOO, REINFORCE++), or the score alone when
+it is in the loss (the loop shapes with β = 0 then).
+"""
+from __future__ import annotations
+
+import torch
+
+from rlhf_train.algorithms.base import AllReduceSum, PolicyOutput, finite_rows
+from rlhf_train.algorithms.configs import AlgorithmConfig, PPOConfig
+from rlhf_train.core.advantages import (
+    discounted_returns,
+    group_mean_baseline,
+    group_normalized_advantage,
+    leave_one_out_advantage,
+)
+from rlhf_train.core.containers import Rollout
+from rlhf_train.core.kl import kl_estimate
+from rlhf_train.core.losses import aggregate_loss, clipped_surrogate, loss_units
+from rlhf_train.core.masked import global_masked_whiten, masked_mean, masked_sum
+
+
+def sequence_rewards(rollout: Rollout) -> torch.Tensor:
+    """``[B]``: Σ_t reward over the response (score + KL penalty, when the KL is in the reward)."""
+    return masked_sum(rollout.reward, rollout.masks.response, dim=-1)
+
+
+class GroupNormalized:
+    """GRPO: ``(r − group mean) / (group or batch std + ε)``, every token of a sequence the same value."""
+
+    def __init__(self, group_size: int, scale: str = "group"):
+        self.group_size, self.scale = group_size, scale
+
+    def __call__(self, rollout: Rollout, all_reduce_sum: AllReduceSum | None = None):
+        mask = rollout.masks.response
+        r = sequence_rewards(rollout)
+        rollout.advantage_raw = group_mean_baseline(r, self.group_size)[:, None] * mask
+        adv = group_normalized_advantage(r, self.group_size, self.scale, all_reduce_sum=all_reduce_sum)
+        return adv[:, None] * mask, None
+
+
+class LeaveOneOut:
+    """RLOO: ``r_i − mean of the other samples' r``, every token of a sequence the same value."""
+
+    def __init__(self, group_size: int):
+        self.group_size = group_size
+
+    def __call__(self, rollout: Rollout, all_reduce_sum: AllReduceSum | None = None):
+        mask = rollout.masks.response
+        adv = leave_one_out_advantage(sequence_rewards(rollout), self.group_size)[:, None] * mask
+        rollout.advantage_raw = adv
+        return adv, None
+
+
+class ReinforcePP:
+    """REINFORCE++: the return-to-go of the per-token reward (KL at every token, score at the last),
+    whitened over all processes' response tokens. With ``group_size`` (REINFORCE++-baseline) the group's
+    mean score is subtracted from the score first."""
+
+    def __init__(self, gamma: float = 1.0, group_size: int | None = None):
+        self.gamma, self.group_size = gamma, group_size
+
+    def __call__(self, rollout: Rollout, all_reduce_sum: AllReduceSum | None = None):
+        mask = rollout.masks.response
+        reward = rollout.reward
+        if self.group_size is not None:
+            done_score = masked_sum(rollout.reward_raw, mask, dim=-1)  # the score each row was paid
+            shift = done_score - group_mean_baseline(done_score, self.group_size)  # its group's mean
+            reward = reward - shift[:, None] * rollout.done.to(reward.dtype)
+        returns = discounted_returns(reward, mask, self.gamma)
+        rollout.advantage_raw = returns
+        ok = finite_rows(rollout) & torch.isfinite(returns).all(-1)
+        return global_masked_whiten(returns, mask & ok[:, None], all_reduce_sum), None
+
+
+def build_estimator(cfg: AlgorithmConfig, ppo: PPOConfig, group_size: int):
+    if cfg.name == "grpo":
+        return GroupNormalized(group_size, cfg.scale_rewards)
+    if cfg.name == "rloo":
+        return LeaveOneOut(group_size)
+    if cfg.name == "reinforce_pp":
+        return ReinforcePP(ppo.gamma)
+    if cfg.name == "reinforce_pp_baseline":
+        return ReinforcePP(ppo.gamma, group_size)
+    raise ValueError(f"no critic-free estimator named {cfg.name!r}")
+
+
+class PolicyGradient:
+    """The critic-free algorithm: clipped surrogate (+ β·k3 KL in the loss, − entropy bonus), aggregated
+    per ``loss_agg``; the estimator per ``name``. ``ppo.clip_eps`` is the clip range unless
+    ``clip_low`` / ``clip_high`` set it; ``ppo.ent_coef`` the entropy bonus."""
+
+    needs_critic = False
+
+    def __init__(self, cfg: AlgorithmConfig, ppo: PPOConfig, group_size: int, max_new_tokens: int):
+        self.cfg, self.ppo = cfg, ppo
+        self.kl_in_reward = cfg.kl_in_reward
+        self.kl_in_loss = cfg.beta > 0
+        self.needs_reference = cfg.kl_in_reward or self.kl_in_loss
+        self.needs_entropy = bool(ppo.ent_coef)
+        self.clip_low = ppo.clip_eps if cfg.clip_low is None else cfg.clip_low
+        self.clip_high = ppo.clip_eps if cfg.clip_high is None else cfg.clip_high
+        self.norm_length = cfg.norm_length or max_new_tokens
+        self.estimator = build_estimator(cfg, ppo, group_size)
+
+    def loss_units(self, mask: torch.Tensor) -> torch.Tensor:
+        """What the loss is a mean over: tokens (``token_mean``) or sequences (the ``seq_mean_*`` modes)."""
+        return loss_units(mask, self.cfg.loss_agg)
+
+    def loss(self, out: PolicyOutput, mb: Rollout) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        mask = mb.masks.response
+        agg = lambda x: aggregate_loss(x, mask, self.cfg.loss_agg, self.norm_length)  # noqa: E731
+        pg, st = clipped_surrogate(out.log_probs, mb.sample_log_prob, mb.advantage, mask, self.clip_low,
+                                   self.clip_high, self.cfg.ratio_level)
+        pg_loss = agg(pg)
+        loss = pg_loss
+        stats = {"loss/policy": pg_loss.detach(), "policy/clipfrac": st["clipfrac"],
+                 "policy/clipfrac_low": st["clipfrac_low"], "policy/clipfrac_high": st["clipfrac_high"],
+                 "policy/approx_kl": st["approx_kl"], "val/ratio": st["ratio_mean"]}
+        if self.kl_in_loss:
+            log_p = torch.where(mask, out.log_probs, mb.ref_log_prob)  # log ratio 0 outside: no inf − inf
+            kl = kl_estimate(log_p, mb.ref_log_prob, "k3")
+            kl_loss = agg(kl)
+            loss = loss + self.cfg.beta * kl_loss
+            stats["loss/kl"] = kl_loss.detach()
+        if out.entropy is not None:
+            entropy = agg(out.entropy)
+            if self.ppo.ent_coef:
+                loss = loss - self.ppo.ent_coef * entropy
+            stats["policy/entropy"] = masked_mean(out.entropy, mask).detach()
+        return loss, stats
