@@ -57,13 +57,14 @@ def compose(overrides=()):
 
 
 def is_hub_name(value) -> bool:
-    return bool(value) and not os.path.isdir(os.path.expanduser(str(value)))
+    return bool(value) and not os.path.exists(os.path.expanduser(str(value))) and not str(value).startswith("pkg://")
 
 
 def standins(cfg) -> list[str]:
     """Overrides that replace the hub-only pieces of a composed config with tiny local ones."""
     out = []
-    if cfg.tokenizer.get("pretrained") and is_hub_name(cfg.tokenizer.pretrained):
+    # a hub tokenizer, or none (null: the policy's own, which is a hub model or built from config here)
+    if "pretrained" in cfg.tokenizer and (not cfg.tokenizer.pretrained or is_hub_name(cfg.tokenizer.pretrained)):
         out.append("tokenizer=movie_reviews_bpe")
     policy = cfg.policy
     if is_hub_name(policy.get("pretrained")) or not (policy.get("pretrained") or policy.get("config")):
@@ -135,7 +136,8 @@ def test_group_option_composes(group, option, tokenizer, tmp_path):
     )
     from rlhf_train.rewards.transforms import build_transform_stack
 
-    cfg = compose([f"{group}={option}"])
+    # the group algorithms (grpo, rloo, reinforce_pp_baseline) need >= 2 completions per prompt
+    cfg = compose([f"{group}={option}", *(["rollout.num_samples=2"] if group == "algorithm" else [])])
     node = cfg[group]
     validate_config(cfg)
 
@@ -156,6 +158,8 @@ def test_group_option_composes(group, option, tokenizer, tmp_path):
     elif group == "policy":
         if option == "gpt2":
             expect_config_error_or(lambda: instantiate(node, tokenizer=tokenizer), "policy.pretrained")
+        elif OmegaConf.is_missing(node, "pretrained") or node.pretrained:
+            pass  # a path you give, or a real checkpoint (smollm2_135m_instruct: tests/test_byo_models.py)
         else:
             policy = instantiate(node, tokenizer=tokenizer)
             assert policy.lm.config.vocab_size == len(tokenizer)
@@ -177,7 +181,16 @@ def test_group_option_composes(group, option, tokenizer, tmp_path):
         assert controller.update([1.0, 2.0]) > 0
     elif group == "transforms":
         assert len(build_transform_stack(node).transforms) > 0
+    elif group == "algorithm":
+        from rlhf_train.loop.components import build_algorithm
+
+        algorithm = build_algorithm(cfg)[0]
+        assert algorithm.needs_critic == (node.name == "ppo")
     elif group == "data":
+        if "dataset" in list(node.keys()) and OmegaConf.is_missing(node, "dataset"):  # data=prompts: a tiny JSONL of yours
+            path = tmp_path / "prompts.jsonl"  # (twice the batch: a dataset without splits holds some out)
+            path.write_text("".join(f'{{"prompt": "a film {i}"}}\n' for i in range(2 * node.batch_size)))
+            node.dataset = str(path)
         if node.get("dataset") and is_hub_name(node.dataset):
             pytest.skip("a hub dataset: tests never touch the network")
         kwargs = {k: v for k, v in node.items() if k not in ("batch_size", "num_workers")}
@@ -210,7 +223,7 @@ def test_root_config_names_no_movie_review_or_sentiment_option():
         (group, option), = entry.items()
         assert not any(w in str(option).lower() for w in task_words), f"conf/config.yaml selects {group}: {option}"
     # no group keys set in the root: every value comes from the selected options
-    assert set(root) <= {"defaults", "stage", "cache_dir", "task_name", "hydra"}, sorted(root)
+    assert set(root) <= {"defaults", "stage", "cache_dir", "task_name", "rewards", "hydra"}, sorted(root)
     assert root["stage"] == "ppo" and not any(w in root["task_name"] for w in task_words)
     assert {group: option for entry in ROOT_DEFAULTS for group, option in entry.items()
             if group in ("sft", "rm", "evaluation")} == {"sft": None, "rm": None, "evaluation": None}

@@ -15,7 +15,7 @@ from typing import Any, Dict, List, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
-from rlhf_train.algorithms.configs import PPOConfig
+from rlhf_train.algorithms.configs import AlgorithmConfig, PPOConfig
 
 
 # ---------------------------------------------------------------- models
@@ -23,7 +23,7 @@ from rlhf_train.algorithms.configs import PPOConfig
 @dataclass
 class PretrainedTokenizerSchema:  # conf/tokenizer/pretrained.yaml -> rlhf_train.data.tokenizers.pretrained_tokenizer
     _target_: str = "rlhf_train.data.tokenizers.pretrained_tokenizer"
-    pretrained: str = MISSING
+    pretrained: Optional[str] = None  # None: the policy's own tokenizer (policy.pretrained)
     trust_remote_code: bool = False
 
 
@@ -53,6 +53,7 @@ class PolicySchema:
     value_head_init_std: float = 0.0
     gradient_checkpointing: bool = False
     lora: LoraSchema = field(default_factory=LoraSchema)
+    dtype: str = "float32"  # float32 | bfloat16
 
 
 @dataclass
@@ -71,6 +72,7 @@ class RewardModelSchema:
     config: Dict[str, Any] = field(default_factory=dict)
     trust_remote_code: bool = False
     device: Optional[str] = None
+    weight: float = 1.0  # its weight in the sum of reward sources (the `rewards` entries are the others)
 
 
 # ---------------------------------------------------------------- KL controllers
@@ -117,6 +119,24 @@ class SyntheticDataSchema:  # conf/data/synthetic.yaml -> rlhf_train.data.prompt
 
 
 @dataclass
+class PromptsDataSchema:  # conf/data/prompts.yaml -> rlhf_train.data.hf_prompts.hf_prompts
+    _target_: str = "rlhf_train.data.hf_prompts.hf_prompts"
+    batch_size: int = 16
+    num_workers: int = 0
+    dataset: str = MISSING
+    split: str = "train"
+    prompt_column: Optional[str] = None
+    text_as_chat: bool = False
+    max_prompt_tokens: int = 256
+    truncation: str = "drop"
+    max_prompts: Optional[int] = None
+    seed: int = 0
+    shuffle: bool = False
+    eval_split: str = "test"
+    eval_holdout: int = 64
+
+
+@dataclass
 class TldrDataSchema:  # conf/data/tldr.yaml -> rlhf_train.data.prompts.tldr_prompts
     _target_: str = "rlhf_train.data.prompts.tldr_prompts"
     batch_size: int = 4
@@ -137,6 +157,7 @@ class RolloutSchema:
     do_sample: bool = True
     score_clip: Optional[float] = 10.0
     logprob_batch_size: Optional[int] = None
+    num_samples: int = 1
 
 
 @dataclass
@@ -204,6 +225,7 @@ class SFTSchema:
     max_train_examples: Optional[int] = None
     max_eval_examples: Optional[int] = None
     seed: int = 0
+    lora: LoraSchema = field(default_factory=LoraSchema)
 
 
 @dataclass
@@ -225,7 +247,6 @@ class RMSchema:
     min_lr_ratio: float = 0.1
     grad_clip: Optional[float] = 1.0
     dropout: Optional[float] = 0.0
-    lora: LoraSchema = field(default_factory=LoraSchema)
     eval_every: int = 100
     eval_batch_size: int = 64
     max_train_pairs: Optional[int] = None
@@ -254,12 +275,14 @@ class Config:
     tokenizer: Any = MISSING
     policy: Any = MISSING
     ref_model: Any = MISSING
-    reward_model: Any = MISSING
+    reward_model: Optional[Any] = None  # reward_model=null: no reward model (the `rewards` entries score)
+    rewards: Dict[str, Any] = field(default_factory=dict)  # more reward sources by name (rlhf_train/rewards/sources.py)
     kl_controller: Any = MISSING
     transforms: Any = MISSING
     data: Any = MISSING
     rollout: Any = MISSING
     ppo: Any = MISSING
+    algorithm: Any = MISSING
     optimizer: Any = MISSING
     scheduler: Any = MISSING
     trainer: Any = MISSING
@@ -291,6 +314,9 @@ def register_configs() -> None:
     from omegaconf import OmegaConf
 
     OmegaConf.register_new_resolver("launch_time", launch_time, use_cache=True, replace=True)
+    from rlhf_train.infra.secrets import dirname_overrides
+
+    OmegaConf.register_new_resolver("dirname_overrides", dirname_overrides, replace=True)  # hydra.sweep.subdir
     cs = ConfigStore.instance()
     cs.store(name="config_schema", node=Config)
     cs.store(group="tokenizer", name="pretrained_schema", node=PretrainedTokenizerSchema)
@@ -303,8 +329,10 @@ def register_configs() -> None:
     cs.store(group="data", name="movie_reviews_schema", node=MovieReviewsDataSchema)
     cs.store(group="data", name="synthetic_schema", node=SyntheticDataSchema)
     cs.store(group="data", name="tldr_schema", node=TldrDataSchema)
+    cs.store(group="data", name="prompts_schema", node=PromptsDataSchema)
     cs.store(group="rollout", name="rollout_schema", node=RolloutSchema)
     cs.store(group="ppo", name="ppo_schema", node=PPOConfig)  # the typed section the update reads
+    cs.store(group="algorithm", name="algorithm_schema", node=AlgorithmConfig)  # estimator, loss variant, KL place
     cs.store(group="optimizer", name="optimizer_schema", node=OptimizerSchema)
     cs.store(group="scheduler", name="scheduler_schema", node=SchedulerSchema)
     cs.store(group="trainer", name="trainer_schema", node=TrainerSchema)

@@ -56,11 +56,20 @@ def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
-def response_mask_from_tokens(response: torch.Tensor, eos_token_id: int) -> torch.Tensor:
-    """``[B, T]`` bool: response positions up to and including the first EOS (all if none)."""
-    is_eos = response == eos_token_id
+def is_eos(tokens: torch.Tensor, eos_token_id: int | list[int] | tuple[int, ...] | torch.Tensor) -> torch.Tensor:
+    """``tokens == eos`` for one EOS id, or membership in several (e.g. ``<|im_end|>`` and ``<|endoftext|>``)."""
+    if isinstance(eos_token_id, int):
+        return tokens == eos_token_id
+    ids = torch.as_tensor(eos_token_id, dtype=tokens.dtype, device=tokens.device).reshape(-1)
+    return tokens == ids[0] if ids.numel() == 1 else torch.isin(tokens, ids)
+
+
+def response_mask_from_tokens(response: torch.Tensor, eos_token_id: int | list[int] | tuple[int, ...]) -> torch.Tensor:
+    """``[B, T]`` bool: response positions up to and including the first EOS (all if none); with several EOS
+    ids, the first of any of them ends the response."""
+    is_eos_ = is_eos(response, eos_token_id)
     # number of EOS strictly before each position; a position belongs to the response while it is 0
-    eos_before = is_eos.long().cumsum(-1) - is_eos.long()
+    eos_before = is_eos_.long().cumsum(-1) - is_eos_.long()
     return eos_before == 0
 
 

@@ -131,5 +131,9 @@ def tldr_prompts(tokenizer, dataset: str = "CarperAI/openai_summarize_tldr", spl
 
 
 def collate(items: list[dict]) -> dict:
-    """Stack a list of dataset items into a batch of ``[B, ...]`` tensors."""
-    return {k: torch.stack([it[k] for it in items]) for k in items[0]}
+    """Stack a list of dataset items into a batch of ``[B, ...]`` tensors; ``columns`` (other per-row data,
+    e.g. a reference answer) become ``{name: [B] values}``."""
+    out = {k: torch.stack([it[k] for it in items]) for k in items[0] if k != "columns"}
+    if "columns" in items[0]:
+        out["columns"] = {c: [it["columns"][c] for it in items] for c in items[0]["columns"]}
+    return out

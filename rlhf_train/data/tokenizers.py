@@ -13,12 +13,15 @@ def validate_tokenizer(tokenizer, override: str):
     return tokenizer
 
 
-def pretrained_tokenizer(pretrained: str, trust_remote_code: bool = False):
+def pretrained_tokenizer(pretrained: str | None = None, trust_remote_code: bool = False):
     """A Hugging Face tokenizer from a local dir, or a hub name already in the local cache."""
     from transformers import AutoTokenizer
 
     from rlhf_train.models.loading import check_loadable
 
+    if not pretrained:
+        raise ConfigError("tokenizer.pretrained is not set: set it to a tokenizer dir or hub name (the PPO stage "
+                          "takes the policy's own when it is null)")
     path = check_loadable(pretrained, "tokenizer.pretrained", "tokenizer")
     tok = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
     return validate_tokenizer(tok, "tokenizer.pretrained")

@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+import uuid
 from pathlib import Path
 
 import torch
@@ -27,18 +28,20 @@ from omegaconf import DictConfig, OmegaConf
 
 from rlhf_train.algorithms.update import minibatch_update
 from rlhf_train.core.containers import Rollout
-from rlhf_train.infra.checkpoint import load_checkpoint, resolve_resume, save_checkpoint
+from rlhf_train.infra.checkpoint import load_checkpoint, save_checkpoint
 from rlhf_train.infra.distributed import (
     cpu_only_multiprocess,
     full_weights,
     infinite_batches,
     main_process_run_dir,
+    max_abs_weight,
     reduce_metrics,
+    weights_problem,
 )
 from rlhf_train.infra.errors import ConfigError
 from rlhf_train.infra.logger import build_logger, redact, write_final_metrics
 from rlhf_train.infra.preemption import PREEMPTED_EXIT_CODE, PreemptionHandler
-from rlhf_train.infra.run_dir import check_writable
+from rlhf_train.infra.run_dir import claim_run_dir
 from rlhf_train.loop.components import (
     build_algorithm,
     build_components,
@@ -46,19 +49,18 @@ from rlhf_train.loop.components import (
     make_lr_scheduler,
     validate_config,
 )
+from rlhf_train.loop.inputs import guarded_rollout
 from rlhf_train.loop.metrics import rollout_metrics, sample_rows
+from rlhf_train.models.export import export_policy
 
 log = logging.getLogger(__name__)  # under the CLI: the console and the run dir's __main__.log (Hydra's job logging)
 
 
 def train(cfg: DictConfig, run_dir: str | Path | None = None) -> dict:
     """Train as configured; returns the last iteration's metrics and history. See the module docstring."""
-    from accelerate.utils import DataLoaderConfiguration, set_seed
-    from hydra.utils import instantiate
-    from torch.utils.data import DataLoader
+    from accelerate.utils import DataLoaderConfiguration
 
     from accelerate import Accelerator
-    from rlhf_train.data.prompts import collate
 
     # 0. build: validate, seed, components, algorithm; Accelerate prepares policy / optimizer / data
     validate_config(cfg)
@@ -75,18 +77,34 @@ def train(cfg: DictConfig, run_dir: str | Path | None = None) -> dict:
     if getattr(accelerator, "is_fsdp2", False):
         raise ConfigError("FSDP2 (fsdp_version: 2 in the accelerate config) is not supported: rollouts need the "
                           "full weights; use fsdp_version: 1 (accelerate/fsdp.yaml)")
-    if accelerator.is_main_process:
-        check_writable(run_dir, "hydra.run.dir")  # probes with a temp file (os.access lies for root)
-        run_dir.mkdir(parents=True, exist_ok=True)
+    config_yaml = OmegaConf.to_yaml(OmegaConf.create(redact(OmegaConf.to_container(cfg, resolve=True))))
+    # one run per run dir (rank 0 decides, before any model is built): writable, locked for this run, no
+    # other run's checkpoints in it, and the checkpoint to resume from (verified, written with this config)
+    resume_path, run_lock = claim_run_dir(run_dir, accelerator, cfg.trainer.resume, config_yaml)
+    try:
+        return _train(cfg, run_dir, accelerator, algorithm, update_cfg, sampling, resume_path, config_yaml)
+    finally:
+        run_lock.release()
+
+
+def _train(cfg, run_dir, accelerator, algorithm, update_cfg, sampling, resume_path, config_yaml) -> dict:
+    """:func:`train` once the run dir is claimed: steps 0 (from building the components) to 6."""
+    from accelerate.utils import set_seed
+    from hydra.utils import instantiate
+    from torch.utils.data import DataLoader
+
+    from rlhf_train.data.prompts import collate
+
     set_seed(cfg.trainer.seed)  # same initial weights on every process
-    resume_path = resolve_resume(cfg.trainer.resume, run_dir)
     comps = build_components(cfg, accelerator.device)
     kl_controller = comps.kl_controller
-    optimizer = instantiate(OmegaConf.to_container(cfg.optimizer, resolve=True), params=comps.policy.parameters())
-    updates_per_iter = update_cfg.num_epochs * (cfg.data.batch_size // update_cfg.minibatch_size)
+    trainable = [p for p in comps.policy.parameters() if p.requires_grad]  # LoRA: adapter + value head only
+    optimizer = instantiate(OmegaConf.to_container(cfg.optimizer, resolve=True), params=trainable)
+    group_size = cfg.rollout.get("num_samples", 1)  # completions per prompt: a rollout batch has batch_size × this
+    updates_per_iter = update_cfg.num_epochs * (cfg.data.batch_size * group_size // update_cfg.minibatch_size)
     lr_scheduler = make_lr_scheduler(cfg, optimizer, updates_per_iter * cfg.trainer.num_iterations)
     loader = DataLoader(comps.dataset, batch_size=cfg.data.batch_size, shuffle=True, drop_last=True,
-                        collate_fn=collate, num_workers=cfg.data.num_workers,
+                        collate_fn=getattr(comps.dataset, "collate", collate), num_workers=cfg.data.num_workers,
                         generator=torch.Generator().manual_seed(cfg.data.seed))
     # the LR scheduler is not prepared: Accelerate's wrapper steps it num_processes times per update
     # (it assumes the schedule counts single-process batches); ours counts optimizer updates
@@ -97,23 +115,24 @@ def train(cfg: DictConfig, run_dir: str | Path | None = None) -> dict:
     gather = (lambda t: accelerator.gather(t.to(accelerator.device)).cpu()) if multi else (lambda t: t)
     all_reduce_sum = (lambda t: accelerator.reduce(t.to(accelerator.device), "sum").to(t.device)) if multi else None
 
-    start_iteration, epoch, batch_in_epoch, wandb_id = 0, 0, 0, None
+    start_iteration, epoch, batch_in_epoch, wandb_id, run_id = 0, 0, 0, None, uuid.uuid4().hex[:12]
     fault_state = {"skipped": 0, "consecutive": 0}
     state = {}
     if resume_path is not None:
         state = load_checkpoint(resume_path, accelerator=accelerator, policy=policy, optimizer=optimizer,
                                 scheduler=lr_scheduler)
         kl_controller.load_state_dict(state["kl_controller"])
-        start_iteration, wandb_id = state["iteration"], state.get("wandb_id")
+        start_iteration, wandb_id, run_id = state["iteration"], state.get("wandb_id"), state.get("run_id", run_id)
         epoch, batch_in_epoch = state["data_epoch"], state["data_batch"]
         fault_state = state.get("faults", fault_state)
         if accelerator.is_main_process:
-            log.info("[rlhf_train] resumed from %s at iteration %d", resume_path, start_iteration)
+            log.info("[rlhf_train] resumed from %s at iteration %d (run %s)", resume_path, start_iteration, run_id)
     gen = torch.Generator().manual_seed(cfg.trainer.seed * 1000 + accelerator.process_index + start_iteration)
-    if "ppo_generator" in state:  # the minibatch order of the update
+    if "ppo_generator" in state.get("process", {}):  # this process's minibatch order (its rng_rank{r}.pt)
+        gen.set_state(state["process"]["ppo_generator"])
+    elif "ppo_generator" in state:  # a checkpoint from before per-process states: rank 0's
         gen.set_state(torch.tensor(state["ppo_generator"], dtype=torch.uint8))
-
-    config_yaml = OmegaConf.to_yaml(OmegaConf.create(redact(OmegaConf.to_container(cfg, resolve=True))))
+    initial_max_abs = max_abs_weight(accelerator.unwrap_model(policy))  # the fault stop's divergence scale
     logger = None
     if accelerator.is_main_process:
         logger = build_logger(cfg.logger, run_dir, OmegaConf.to_container(cfg, resolve=True),
@@ -127,12 +146,13 @@ def train(cfg: DictConfig, run_dir: str | Path | None = None) -> dict:
         progress = tqdm(total=cfg.trainer.num_iterations, initial=start_iteration, desc="RL", dynamic_ncols=True)
 
     def checkpoint(iteration: int):
-        st = {"kl_controller": kl_controller.state_dict(), "data_epoch": epoch, "data_batch": batch_in_epoch + 1,
-              "faults": fault_state, "wandb_id": getattr(logger, "run_id", None) if logger else None,
-              "ppo_generator": gen.get_state().tolist()}
+        st = {"run_id": run_id, "kl_controller": kl_controller.state_dict(), "data_epoch": epoch,
+              "data_batch": batch_in_epoch + 1, "faults": fault_state,
+              "wandb_id": getattr(logger, "run_id", None) if logger else None}
         return save_checkpoint(run_dir, iteration, accelerator=accelerator, policy=policy, optimizer=optimizer,
                                scheduler=lr_scheduler, trainer_state=st, config_yaml=config_yaml,
-                               tokenizer=comps.tokenizer, keep=cfg.trainer.keep_checkpoints)
+                               tokenizer=comps.tokenizer, keep=cfg.trainer.keep_checkpoints,
+                               rank_state={"ppo_generator": gen.get_state()})  # each process's own
 
     metrics: dict = {}
     history: list[dict] = []
@@ -143,10 +163,14 @@ def train(cfg: DictConfig, run_dir: str | Path | None = None) -> dict:
             # 1. next prompt batch (this process's shard)
             epoch, batch_in_epoch, batch = next(batches)
             # 2. rollout: generate, score, reference pass, reward shaping with the controller's β
-            kl_coef = kl_controller.coef
+            # (KL in the loss, e.g. GRPO: the reward is shaped with β = 0 and the controller stays idle)
+            kl_coef = kl_controller.coef if algorithm.kl_in_reward else 0.0
             policy.eval()  # dropout stays off by design, in the update too
             with full_weights(policy, accelerator):  # FSDP / ZeRO-3: gather the shards for generate
-                ro = Rollout.from_torchrl(rollout.rollout_from_data(batch, kl_coef=kl_coef))
+                ro = guarded_rollout(lambda: Rollout.from_torchrl(rollout.rollout_from_data(batch, kl_coef=kl_coef)),
+                                     fault_state, cfg.trainer.max_consecutive_faults, accelerator)
+            if ro is None:  # a reward function raised: batch skipped, counted in faults/reward_errors
+                continue
             t_rollout = time.perf_counter() - t0
             # 3. advantages (and the critic's targets) from the algorithm's estimator
             ro.advantage, ro.returns = algorithm.estimator(ro, all_reduce_sum)
@@ -156,11 +180,16 @@ def train(cfg: DictConfig, run_dir: str | Path | None = None) -> dict:
                                             update_cfg, gen, fault_state)
             t_update = time.perf_counter() - t1
             # 5. the KL controller steps with the per-sequence KLs of all processes
-            kl_controller.update(gather(ro.kl_per_sequence.detach().float()).cpu())
+            if algorithm.kl_in_reward:
+                kl_controller.update(gather(ro.kl_per_sequence.detach().float()).cpu())
             # 6. metrics reduced over processes, logged by the main process; checkpoints
-            metrics = {**rollout_metrics(ro), **update_stats, "objective/kl_coef": kl_coef,
-                       "objective/kl_coef_next": float(kl_controller.coef),
+            kl_next = float(kl_controller.coef) if algorithm.kl_in_reward else kl_coef
+            if not algorithm.kl_in_reward and getattr(algorithm, "kl_in_loss", False):
+                kl_coef = kl_next = algorithm.cfg.beta  # the KL's weight in the loss
+            metrics = {**rollout_metrics(ro, group_size), **update_stats, "objective/kl_coef": kl_coef,
+                       "objective/kl_coef_next": kl_next,
                        "faults/skipped_updates": fault_state["skipped"],
+                       "faults/reward_errors": fault_state.get("reward_errors", 0),
                        "time/rollout_s": t_rollout, "time/update_s": t_update,
                        "time/iteration_s": time.perf_counter() - t0, "lr": lr_scheduler.get_last_lr()[0]}
             metrics = reduce_metrics(metrics, accelerator)
@@ -171,7 +200,8 @@ def train(cfg: DictConfig, run_dir: str | Path | None = None) -> dict:
                     logger.log_samples(samples, iteration)
                 if progress is not None:
                     progress.update(1)
-                    progress.set_postfix(score=f"{metrics['objective/score']:.3f}", kl=f"{metrics['objective/kl']:.2f}")
+                    progress.set_postfix(score=f"{metrics['objective/score']:.3f}",
+                                         kl=f"{metrics.get('objective/kl', 0.0):.2f}")
             history.append({"iteration": iteration, **metrics})
             stop = preempt.requested
             if multi:  # any process signalled: all stop together
@@ -186,12 +216,13 @@ def train(cfg: DictConfig, run_dir: str | Path | None = None) -> dict:
     except FloatingPointError as err:
         # skipped updates never touch the weights: the current ones are the last good state. Checkpoint
         # them (with a fresh fault budget for whoever resumes) unless they are somehow non-finite too.
-        weights_ok = all(torch.isfinite(p).all() for p in accelerator.unwrap_model(policy).parameters())
-        if weights_ok:
+        problem = weights_problem(accelerator.unwrap_model(policy), initial_max_abs)  # not finite, or diverged
+        if problem is None:
             fault_state["consecutive"] = 0
             where = f"the last good state is checkpointed in {checkpoint(iteration)}"
         else:
-            where = f"the weights are not finite; the newest checkpoint in {run_dir}/checkpoints is the last good state"
+            where = (f"{problem}, so they are not checkpointed; resume from a checkpoint in {run_dir}/checkpoints "
+                     f"written before they diverged (and lower optimizer.lr)")
         raise FloatingPointError(f"stopped at iteration {iteration}: {err}; {where}") from None
     finally:
         preempt.restore()
@@ -199,6 +230,11 @@ def train(cfg: DictConfig, run_dir: str | Path | None = None) -> dict:
             progress.close()
         if logger is not None:
             logger.finish()
+    # the trained policy as a plain Hugging Face model dir (README "Where the trained model is")
+    export_state = accelerator.get_state_dict(policy)  # collective: gathers FSDP / ZeRO-3 shards
+    if accelerator.is_main_process:
+        export_policy(accelerator.unwrap_model(policy), comps.tokenizer, run_dir / "policy", export_state)
+        log.info("[rlhf_train] trained policy (plain Hugging Face model) in %s", run_dir / "policy")
     if accelerator.is_main_process:  # final_metrics.json: what a sweep report reads (rlhf_train/pipeline/sweep.py)
         write_final_metrics(run_dir, metrics, history)
     accelerator.wait_for_everyone()

@@ -14,9 +14,12 @@ from __future__ import annotations
 import os
 from typing import Any
 
+import torch
 from torch import nn
 
 from rlhf_train.infra.errors import ConfigError
+
+DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "fp32": "float32", "bf16": "bfloat16"}
 
 
 # --------------------------------------------------------------------------------------------
@@ -30,7 +33,15 @@ def check_loadable(name_or_path: str, override: str, what: str = "model") -> str
     """Return a local path or a hub name that is already in the local HF cache; else one clear error.
 
     ``override`` is the config key a user sets to point at a local copy (e.g. ``policy.pretrained``).
+    A ``.gguf`` file (or ``pkg://<module>/<file>.gguf``: a file shipped inside an installed package) is
+    converted once to a safetensors dir in the cache (:func:`rlhf_train.models.gguf.gguf_to_dir`), whose
+    path is returned.
     """
+    from rlhf_train.models.gguf import gguf_to_dir, resolve_package_path
+
+    name_or_path = resolve_package_path(str(name_or_path), override)
+    if str(name_or_path).lower().endswith(".gguf"):
+        return gguf_to_dir(name_or_path, override)
     if _is_local(name_or_path):
         return os.path.expanduser(str(name_or_path))
     try:
@@ -49,11 +60,16 @@ def check_loadable(name_or_path: str, override: str, what: str = "model") -> str
     )
 
 
-def _apply_special_tokens(config, tokenizer) -> None:
-    """EOS / pad / BOS ids come from the tokenizer, never from a constant."""
+def _apply_special_tokens(config, tokenizer, keep_eos: bool = False) -> None:
+    """EOS / pad / BOS ids come from the tokenizer, never from a constant. ``keep_eos`` (a generation
+    config): the tokenizer's EOS first, then the EOS ids the config already lists (e.g. SmolLM2's
+    ``<|im_end|>`` and ``<|endoftext|>``); responses end at the first of any."""
     if tokenizer is None:
         return
-    config.eos_token_id = tokenizer.eos_token_id
+    old = getattr(config, "eos_token_id", None) if keep_eos else None
+    old = [] if old is None else list(old) if isinstance(old, (list, tuple)) else [old]
+    eos = [tokenizer.eos_token_id] + [int(e) for e in old if e != tokenizer.eos_token_id and e < len(tokenizer)]
+    config.eos_token_id = eos if len(eos) > 1 else eos[0]
     config.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     config.bos_token_id = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
 
@@ -65,13 +81,15 @@ def build_causal_lm(
     trust_remote_code: bool = False,
     dropout: float | None = 0.0,
     override_key: str = "policy.pretrained",
+    dtype: str = "float32",
 ) -> nn.Module:
     """A ``transformers`` causal LM: from ``pretrained`` (local dir or hub name) or built from ``config``.
 
     ``config`` holds ``GPT2Config`` keyword arguments (``n_layer``, ``n_embd``, ``n_head``,
     ``n_positions``); its vocabulary size and special-token ids are taken from the tokenizer.
     ``dropout`` (default 0: RLHF wants a deterministic policy, see the N+ implementation details)
-    overrides every dropout probability of the model config.
+    overrides every dropout probability of the model config. ``dtype``: ``float32`` | ``bfloat16``, the
+    weights' dtype. Any ``transformers`` causal LM architecture loads (GPT-2, GPT-NeoX, Llama, Qwen2, Gemma, ...).
     """
     from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel
 
@@ -97,8 +115,10 @@ def build_causal_lm(
             cfg_kwargs.update(resid_pdrop=dropout, embd_pdrop=dropout, attn_pdrop=dropout)
         model = GPT2LMHeadModel(GPT2Config(**cfg_kwargs))
     _apply_special_tokens(model.config, tokenizer)
-    _apply_special_tokens(model.generation_config, tokenizer)
-    return model
+    _apply_special_tokens(model.generation_config, tokenizer, keep_eos=bool(pretrained))
+    if dtype not in DTYPES:
+        raise ConfigError(f"{override_key.rsplit('.', 1)[0]}.dtype={dtype} is not valid; choose one of: {', '.join(DTYPES)}")
+    return model.to(getattr(torch, DTYPES[dtype]))
 
 
 def context_length(lm: nn.Module) -> int | None:

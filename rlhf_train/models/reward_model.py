@@ -20,6 +20,10 @@ from torch import nn
 
 from rlhf_train.core.containers import position_ids_from_mask
 from rlhf_train.infra.errors import ConfigError
+from rlhf_train.models.hf_reward_model import (
+    is_sequence_classifier_dir,
+    load_sequence_classifier,
+)
 from rlhf_train.models.loading import build_causal_lm, check_loadable
 
 
@@ -193,22 +197,28 @@ def build_reward_model(
     config: dict | None = None,
     trust_remote_code: bool = False,
     device: str | None = None,
-) -> RewardModel:
-    """A reward model from a saved :class:`RewardModel` / :class:`ReencodingRewardModel` dir
-    (``pretrained``) or a random trunk from ``config``."""
+    override: str = "reward_model.pretrained",
+    weight: float = 1.0,
+) -> nn.Module:
+    """A reward model from a saved :class:`RewardModel` / :class:`ReencodingRewardModel` dir, an HF
+    ``AutoModelForSequenceClassification`` dir with one label (:mod:`rlhf_train.models.hf_reward_model`,
+    trained head included; ``pretrained``), or a random trunk from ``config``. ``override``: the config key
+    named in errors. ``weight`` (``reward_model.weight``) is the source's weight in the sum, read by the loop."""
     if pretrained:
-        path = check_loadable(pretrained, "reward_model.pretrained", "reward model")
+        path = check_loadable(pretrained, override, "reward model")
         if os.path.exists(os.path.join(path, REENCODING_MARKER)):
             if tokenizer is None:
                 raise ConfigError(f"the reward model in '{path}' re-encodes text: it needs the policy tokenizer")
             rm = ReencodingRewardModel.from_pretrained(path, tokenizer)
         elif os.path.exists(os.path.join(path, REWARD_HEAD_FILE)):
             rm = RewardModel.from_pretrained(path)
-        else:
-            from transformers import AutoModel
-
-            trunk = AutoModel.from_pretrained(path, trust_remote_code=trust_remote_code)
-            rm = RewardModel(trunk, trunk.config.hidden_size)
+        elif is_sequence_classifier_dir(path):  # HF's standard format, with its trained head
+            rm = load_sequence_classifier(path, tokenizer, trust_remote_code, override)
+        else:  # a bare trunk: a random head would silently turn training into optimising noise
+            raise ConfigError(
+                f"{override}={pretrained} has no trained reward head: it is neither an "
+                f"AutoModelForSequenceClassification dir with one label (what TRL's RewardTrainer writes) nor a "
+                f"RewardModel dir with {REWARD_HEAD_FILE}; train one (stage=rm) or point at a reward model")
     else:
         lm = build_causal_lm(None, config, tokenizer, False, 0.0)
         rm = RewardModel(lm.base_model, lm.config.hidden_size)

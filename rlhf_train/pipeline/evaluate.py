@@ -48,7 +48,7 @@ def evaluate_policy(lm, ref_lm, reward_model, tokenizer, prompts, cfg: DictConfi
     lm.eval()
     torch.manual_seed(e.seed)  # the same sampling noise for every policy evaluated
     out: dict[str, list] = {"prompt": [], "continuation": [], "score": [], "kl": []}
-    for batch in DataLoader(prompts, batch_size=e.batch_size, shuffle=False, collate_fn=collate):
+    for batch in DataLoader(prompts, batch_size=e.batch_size, shuffle=False, collate_fn=getattr(prompts, "collate", collate)):
         td = rollout.rollout_from_data(batch)
         tokens, masks = td["tokens"], td["masks"]
         response = tokens.response.masked_fill(~masks.response, tokenizer.pad_token_id)

@@ -2,14 +2,26 @@
 
 The rollout scores each batch with a dict of weighted sources keyed by name (the reward model being
 one of them): ``score = Σ_name weight · source(sequences)``, each source's raw score kept as
-``reward_sources[name]`` (logged as ``reward/<name>``). A new kind of source (a Python reward function,
-a verifier, a remote reward server, ...) goes in ``rlhf_train/rewards/<name>.py`` as a callable with
-:meth:`RewardSource.__call__`. Today's implementation: :class:`RewardModelSource`.
+``reward_sources[name]`` (logged as ``reward/<name>``). Kinds of source:
+
+* :class:`RewardModelSource`: a reward model (``RewardModel``, the re-encoding MiniLM model, an HF
+  ``AutoModelForSequenceClassification``), ``(input_ids, attention_mask) -> (rewards, end_scores)``;
+* :class:`FunctionRewardSource`: a Python function called once per batch as
+  ``fn(prompts, completions, **columns) -> list[float | None]`` (TRL's ``reward_funcs`` signature;
+  ``None``: no reward for that sample). Functions run in a worker thread while the reward models run on
+  the calling thread (torch releases the GIL), so a slow function overlaps with the model passes.
+
+``None`` / NaN rows: as in TRL, the weighted sum skips a source's NaN for that row (``nansum``); a row that
+no source scored stays NaN, and the update leaves it out (``finite_rows`` in ``algorithms/base.py``).
+:func:`build_reward_sources` builds the dict from the config (``reward_model`` + ``rewards``);
+:func:`probe_reward_sources` scores one batch before training so that a broken source fails at start.
+A new kind of source goes in ``rlhf_train/rewards/<name>.py`` as a callable with :meth:`RewardSource.__call__`.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 import torch
 from tensordict import TensorDict
@@ -53,6 +65,10 @@ class RewardModelSource:
 
     @torch.no_grad()
     def __call__(self, sequences: Sequences) -> torch.Tensor:
+        chat_aware = getattr(self.model, "score_sequences", None)  # e.g. an HF reward model with its chat template
+        scores = chat_aware(sequences) if chat_aware is not None else None
+        if scores is not None:
+            return scores.float().to(sequences.full.device)
         ids, mask = right_pad(sequences.full, sequences.full_mask, self.pad_token_id)
         width = int(mask.sum(-1).max()) if mask.numel() else 0
         ids, mask = ids[:, :max(width, 1)], mask[:, :max(width, 1)]  # drop all-padding columns
@@ -66,11 +82,171 @@ class RewardModelSource:
 
 
 def weighted_sum(sources: dict[str, tuple[RewardSource, float]], sequences: Sequences) -> tuple[torch.Tensor, TensorDict]:
-    """``(Σ_name weight · score_name [B], TensorDict of each source's raw score [B])``."""
-    B = sequences.full.shape[0]
-    parts = TensorDict({name: source(sequences) for name, (source, _) in sources.items()}, batch_size=[B],
-                       device=sequences.full.device)
-    total = torch.zeros(B, device=sequences.full.device)
+    """``(Σ_name weight · score_name [B], TensorDict of each source's raw score [B])``.
+
+    Sources that run in a thread (``overlap = True``: Python functions) start first and are joined after
+    the others. A source's NaN (no reward) is skipped in that row's sum; a row with no finite score is NaN."""
+    B, device = sequences.full.shape[0], sequences.full.device
+    futures = {name: _pool().submit(source, sequences) for name, (source, _) in sources.items()
+               if getattr(source, "overlap", False)}
+    scores = {name: source(sequences) for name, (source, _) in sources.items() if name not in futures}
+    scores.update({name: f.result() for name, f in futures.items()})
+    parts = TensorDict({name: scores[name] for name in sources}, batch_size=[B], device=device)
+    total = torch.zeros(B, device=device)
+    seen = torch.zeros(B, dtype=torch.bool, device=device)
     for name, (_, weight) in sources.items():
-        total = total + float(weight) * parts[name]
-    return total, parts
+        x = parts[name].float()
+        if len(sources) == 1:  # one source: its NaN / inf is the row's score (a fault the update counts)
+            return float(weight) * x, parts
+        total = total + float(weight) * x.nan_to_num(nan=0.0, posinf=torch.inf, neginf=-torch.inf)
+        seen |= ~torch.isnan(x)
+    return total.masked_fill(~seen, float("nan")), parts
+
+
+_POOL = None
+
+
+def _pool():
+    """One worker thread for the reward functions (created on first use)."""
+    global _POOL
+    if _POOL is None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        _POOL = ThreadPoolExecutor(max_workers=1, thread_name_prefix="reward-fn")
+    return _POOL
+
+
+class RewardFunctionError(RuntimeError):
+    """A reward function raised or returned something unusable; the message names the source."""
+
+
+class FunctionRewardSource:
+    """A Python reward function as a :class:`RewardSource`, called once per batch (TRL's signature):
+
+    ``fn(prompts=[B] str, completions=[B] str, **columns) -> list[float | None]`` of length ``B``.
+    ``prompts``: each prompt as the policy saw it (chat template applied; padding dropped);
+    ``completions``: the response text (special tokens such as EOS dropped); ``columns``: the dataset's
+    other columns for each row (e.g. ``answer``). ``None`` -> NaN (no reward for that row). A raise, a
+    wrong length or a non-number raises :class:`RewardFunctionError` naming the source.
+    """
+
+    overlap = True  # runs in the reward worker thread, beside the reward models
+
+    def __init__(self, fn: Callable, tokenizer: Any, name: str = "function"):
+        self.fn, self.tokenizer, self.name = fn, tokenizer, name
+        self.last_non_finite = False  # the last call returned a float NaN / inf (not None): the probe refuses it
+
+    def texts(self, sequences: Sequences) -> tuple[list[str], list[str]]:
+        P = sequences.prompt_len if sequences.prompt_len is not None else 0
+        full, mask = sequences.full.cpu(), sequences.full_mask.cpu().bool()
+        prompts = [row[m].tolist() for row, m in zip(full[:, :P], mask[:, :P])]
+        completions = [row[m].tolist() for row, m in zip(full[:, P:], mask[:, P:])]
+        dec = self.tokenizer.batch_decode
+        return dec(prompts, skip_special_tokens=False), dec(completions, skip_special_tokens=True)
+
+    def __call__(self, sequences: Sequences) -> torch.Tensor:
+        prompts, completions = self.texts(sequences)
+        B = len(completions)
+        try:
+            out = self.fn(prompts=prompts, completions=completions, **sequences.columns)
+        except Exception as err:
+            raise RewardFunctionError(f"reward function '{self.name}' raised {type(err).__name__}: {err}") from err
+        try:
+            out = list(out)
+            self.last_non_finite = any(v is not None and not math.isfinite(float(v)) for v in out)
+            out = [float("nan") if v is None else float(v) for v in out]
+        except (TypeError, ValueError):
+            raise RewardFunctionError(f"reward function '{self.name}' must return a list of float | None, "
+                                      f"got {type(out).__name__}: {str(out)[:80]}") from None
+        if len(out) != B:
+            raise RewardFunctionError(f"reward function '{self.name}' returned {len(out)} values for a batch of {B}")
+        return torch.tensor(out, dtype=torch.float32, device=sequences.full.device)
+
+
+def build_reward_sources(reward_model: torch.nn.Module | None, entries: dict | None, tokenizer: Any,
+                         pad_token_id: int, batch_size: int | None = None, reward_model_weight: float = 1.0,
+                         device: Any = "cpu") -> dict[str, tuple[RewardSource, float]]:
+    """``{name: (source, weight)}``: ``reward_model`` (when not None) as ``"reward_model"``, then each entry
+    of the ``rewards`` config: ``{_target_, weight (default 1), ...keyword arguments}``.
+
+    ``_target_`` is imported. A function whose parameters include ``prompts`` and ``completions`` is a reward
+    function (the other keys bound as keyword arguments); anything else is a factory, called with the other
+    keys (and ``tokenizer=`` when it takes one): it returns a reward model (an ``nn.Module`` with the
+    ``(input_ids, attention_mask) -> (rewards, end_scores)`` interface) or a reward function.
+    """
+    import functools
+    import inspect
+
+    from hydra.utils import get_object
+
+    from rlhf_train.infra.errors import ConfigError
+
+    sources: dict[str, tuple[RewardSource, float]] = {}
+    if reward_model is not None:
+        sources["reward_model"] = (RewardModelSource(reward_model, pad_token_id, batch_size), float(reward_model_weight))
+    for name, entry in (entries or {}).items():
+        key = f"rewards.{name}"
+        entry = dict(entry or {})
+        if name in sources:
+            raise ConfigError(f"{key}: the name '{name}' is taken by the reward_model group; choose another name")
+        target = entry.pop("_target_", None)
+        weight = entry.pop("weight", 1.0)
+        if not target:
+            raise ConfigError(f"{key}._target_ is not set: set it to a reward function (my_module.my_reward) or a "
+                              f"reward-model factory (rlhf_train.models.reward_model.build_reward_model)")
+        try:
+            obj = get_object(str(target))
+        except Exception as err:
+            raise ConfigError(f"{key}._target_={target} cannot be imported ({type(err).__name__}: {err}); "
+                              f"is its module on PYTHONPATH?") from None
+        try:
+            params = inspect.signature(obj).parameters if callable(obj) else {}
+        except (TypeError, ValueError):
+            params = {}
+        if not callable(obj):
+            raise ConfigError(f"{key}._target_={target} is not callable")
+        if "prompts" in params and "completions" in params and not inspect.isclass(obj):
+            sources[name] = (FunctionRewardSource(functools.partial(obj, **entry), tokenizer, name), float(weight))
+            continue
+        if "tokenizer" in params:
+            entry["tokenizer"] = tokenizer
+        if "override" in params:
+            entry["override"] = f"{key}.pretrained"
+        built = obj(**entry)
+        if isinstance(built, torch.nn.Module):
+            built.eval().requires_grad_(False).to(device)
+            sources[name] = (RewardModelSource(built, pad_token_id, batch_size), float(weight))
+        elif callable(built):
+            sources[name] = (FunctionRewardSource(built, tokenizer, name), float(weight))
+        else:
+            raise ConfigError(f"{key}._target_={target} returned {type(built).__name__}, neither a reward model "
+                              f"nor a reward function")
+    if not sources:
+        raise ConfigError("no reward source: select a reward_model (e.g. reward_model=pretrained "
+                          "reward_model.pretrained=DIR) or add one under rewards.<name>")
+    return sources
+
+
+def probe_reward_sources(sources: dict[str, tuple[RewardSource, float]], sequences: Sequences) -> None:
+    """Score one batch with every source before training: a source that raises, returns the wrong shape or
+    NaN / inf (a function's ``None`` is fine) stops the run with one line naming it."""
+    from rlhf_train.infra.errors import ConfigError
+
+    B = sequences.full.shape[0]
+    for name, (source, _) in sources.items():
+        is_fn = isinstance(source, FunctionRewardSource)
+        what = f"reward function '{name}'" if is_fn else f"reward source '{name}'"
+        try:
+            scores = source(sequences)
+        except RewardFunctionError as err:
+            raise ConfigError(f"on the first batch, {err}") from None
+        except Exception as err:
+            raise ConfigError(f"on the first batch, {what} failed ({type(err).__name__}: {err}); "
+                              f"check reward_model / rewards.{name}") from None
+        if not isinstance(scores, torch.Tensor) or tuple(scores.shape) != (B,):
+            raise ConfigError(f"on the first batch, {what} returned shape {tuple(getattr(scores, 'shape', ()))}, "
+                              f"expected [{B}]")
+        bad = source.last_non_finite if is_fn else not bool(torch.isfinite(scores).all())
+        if bad:
+            raise ConfigError(f"on the first batch, {what} returned NaN or inf"
+                              + (" (return None for 'no reward')" if is_fn else ""))

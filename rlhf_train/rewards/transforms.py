@@ -21,6 +21,7 @@ import torch
 from tensordict import TensorDictBase
 from torchrl.envs.transforms import Compose, Transform
 
+from rlhf_train.core.containers import is_eos
 from rlhf_train.core.kl import KL_ESTIMATORS, kl_estimate
 from rlhf_train.core.masked import masked_sum, masked_whiten
 from rlhf_train.infra.errors import ConfigError
@@ -75,7 +76,7 @@ class MissingEOSPenalty(_RolloutTransform):
         if self.eos_token_id is None:
             raise ConfigError("transforms.eos_penalty needs the tokenizer's EOS id (eos_token_id)")
         response, mask = td.get(self.tokens_key), td.get(self.mask_key)
-        has_eos = ((response == self.eos_token_id) & mask).any(-1)
+        has_eos = (is_eos(response, self.eos_token_id) & mask).any(-1)  # one EOS id or several
         score = td.get(self.score_key)
         td.set(self.score_key, torch.where(has_eos, score, torch.full_like(score, float(self.penalty))))
         return td

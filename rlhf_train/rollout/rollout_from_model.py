@@ -37,6 +37,7 @@ from rlhf_train.core.containers import (
     LogProbs,
     Masks,
     Tokens,
+    is_eos,
     response_mask_from_tokens,
 )
 from rlhf_train.core.logprob_kernel import logprobs_of_labels
@@ -54,7 +55,7 @@ from rlhf_train.rewards.transforms import default_transform_stack
 from rlhf_train.rollout.torchrl_compat import prompts_from_batch, reference_from_batch
 
 
-def _special_ids(model, tokenizer, eos_token_id, pad_token_id) -> tuple[int, int]:
+def _special_ids(model, tokenizer, eos_token_id, pad_token_id) -> tuple[tuple[int, ...], int]:
     cfg = getattr(model, "config", None)
     if eos_token_id is None:
         eos_token_id = getattr(tokenizer, "eos_token_id", None) if tokenizer is not None else None
@@ -65,9 +66,13 @@ def _special_ids(model, tokenizer, eos_token_id, pad_token_id) -> tuple[int, int
         pad_token_id = pad_token_id if pad_token_id is not None else eos_token_id
     if eos_token_id is None:
         raise ValueError("RolloutFromModel: no EOS token id in the tokenizer or model config; pass eos_token_id")
-    if isinstance(eos_token_id, (list, tuple)):
-        eos_token_id = eos_token_id[0]
-    return int(eos_token_id), int(pad_token_id)
+    eos = [int(e) for e in (eos_token_id if isinstance(eos_token_id, (list, tuple)) else [eos_token_id])]
+    # several EOS ids (e.g. <|im_end|> and <|endoftext|>): the tokenizer's first, then the generation config's
+    gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    for e in (gen_eos if isinstance(gen_eos, (list, tuple)) else [gen_eos] if gen_eos is not None else []):
+        if int(e) not in eos:
+            eos.append(int(e))
+    return tuple(eos), int(pad_token_id)
 
 
 class RolloutFromModel:
@@ -139,16 +144,22 @@ class RolloutFromModel:
         self.tokenizer, self.gather_fn, self.logprob_batch_size = tokenizer, gather_fn, logprob_batch_size
         self.unwrap_fn = unwrap_fn or (lambda m: m)
         base = self.unwrap_fn(model)
-        self.eos_token_id, self.pad_token_id = _special_ids(getattr(base, "lm", base), tokenizer, eos_token_id, pad_token_id)
+        self.eos_token_ids, self.pad_token_id = _special_ids(getattr(base, "lm", base), tokenizer, eos_token_id, pad_token_id)
+        self.eos_token_id = self.eos_token_ids[0]  # the primary EOS; responses end at the first of any EOS id
+        eos = self.eos_token_ids if len(self.eos_token_ids) > 1 else self.eos_token_id
         self.sampling = SamplingParams(temperature, top_k, top_p)
         self.backend = generation_backend or HFGenerateBackend(
-            model, eos_token_id=self.eos_token_id, pad_token_id=self.pad_token_id, max_new_tokens=max_new_tokens,
+            model, eos_token_id=eos, pad_token_id=self.pad_token_id, max_new_tokens=max_new_tokens,
             sampling=self.sampling, do_sample=do_sample, with_scores=logprobs_from_generate, unwrap_fn=self.unwrap_fn)
         self.reward_sources = reward_sources if reward_sources is not None else {
             "reward_model": (RewardModelSource(reward_model, self.pad_token_id, logprob_batch_size), 1.0)}
-        self.ref_log_prob_fn = ref_log_prob_fn or self._ref_log_probs
+        # no reference model and no function: no KL term (the rollout's kl is 0; a critic-free run with
+        # beta = 0 and no KL in the reward builds and runs no reference at all)
+        self.ref_log_prob_fn = ref_log_prob_fn or (self._ref_log_probs if ref_model is not None else None)
+        # a PolicyWithValue built without a value head (a critic-free algorithm): the rollout has no values
+        self.has_critic = getattr(base, "value_head", "plain LM") is not None
         self.transforms = transforms if transforms is not None else default_transform_stack(
-            self.ref_log_prob_fn, kl_coef, score_clip, self.eos_token_id)
+            self.ref_log_prob_fn, kl_coef, score_clip, eos)
         # torchrl-style controller only: detached per-sequence KLs waiting for the next step_scheduler()
         self._kl_queue = collections.deque(maxlen=num_steps) if num_steps is not None else collections.deque()
 
@@ -208,7 +219,8 @@ class RolloutFromModel:
             if hasattr(base, "value_head"):  # the same computation as the loss's (first ratio = 1)
                 lp, _, v = base(full[c], full_mask[c], prompt_len, labels=response[c], temperature=s.temperature,
                                 top_k=s.top_k, top_p=s.top_p, with_entropy=False)
-                values.append(v.float())
+                if v is not None:
+                    values.append(v.float())
             else:
                 lp = sequence_logprobs(base, full[c], full_mask[c], prompt_len, s.temperature, s.top_k, s.top_p)
             log_probs.append(lp)
@@ -227,12 +239,21 @@ class RolloutFromModel:
         prompt, prompt_mask = self._repeat(*prompts_from_batch(batch, self.pad_token_id))
         response = self.backend.generate(prompt, prompt_mask, 1, generation_config=generation_config).response
         full = torch.cat([prompt, response], dim=1)
-        response_mask = response_mask_from_tokens(response, self.eos_token_id)
+        response_mask = response_mask_from_tokens(response, self.eos_token_ids)
         full_mask = torch.cat([prompt_mask, response_mask], dim=1)
         log_probs, _ = self._policy_log_probs_and_values(full, full_mask, prompt.shape[1])
         ref = self.ref_log_prob_fn(full, full_mask, prompt.shape[1])
         log_ratio = (log_probs - ref).masked_fill(~response_mask, 0.0)
         return full, log_probs.masked_fill(~response_mask, 0.0), log_ratio
+
+    @staticmethod
+    def _columns(batch, B: int) -> dict[str, list]:
+        """``batch["columns"]`` (``{name: [b] values}``), each row repeated to the ``B`` rollouts (num_samples)."""
+        cols = batch.get("columns") if isinstance(batch, dict) else None
+        if not cols:
+            return {}
+        k = B // max(len(next(iter(cols.values()))), 1)
+        return {name: [v for v in values for _ in range(k)] for name, values in cols.items()}
 
     def _repeat(self, *tensors: torch.Tensor):
         """Each prompt row ``num_samples`` times, the samples of a prompt adjacent."""
@@ -274,22 +295,23 @@ class RolloutFromModel:
             prompt_mask = (self._repeat(prompts_from_batch(batch, self.pad_token_id)[1])[0] if batch is not None
                            else prompt != self.pad_token_id)
             prompt_mask = prompt_mask[:, -prompt_len:]
-        response_mask = response_mask_from_tokens(response, self.eos_token_id)
+        response_mask = response_mask_from_tokens(response, self.eos_token_ids)
         full_mask = torch.cat([prompt_mask, response_mask], dim=1)
         B, device = generated.shape[0], generated.device
 
         if log_probs is None:  # one pass of the policy over prompt + response
             log_probs, values = self._policy_log_probs_and_values(generated, full_mask, prompt_len)
-        elif values is None:
+        elif values is None and self.has_critic:
             values = torch.zeros(B, T, device=device)
         log_probs = log_probs.reshape(B, T).float().masked_fill(~response_mask, 0.0)
 
         # done at the first EOS, or at the last position when the response was cut at T (truncated)
         lengths = response_mask.sum(-1)
         done = torch.zeros(B, T, dtype=torch.bool, device=device).scatter_(-1, (lengths - 1).clamp(min=0)[:, None], True)
-        has_eos = ((response == self.eos_token_id) & response_mask).any(-1)
+        has_eos = (is_eos(response, self.eos_token_ids) & response_mask).any(-1)
 
-        score, parts = weighted_sum(self.reward_sources, Sequences(generated, full_mask, prompt_len))
+        columns = self._columns(batch, B)  # the dataset's other columns (e.g. answer), one value per row
+        score, parts = weighted_sum(self.reward_sources, Sequences(generated, full_mask, prompt_len, columns))
         coef = self.kl_coef if kl_coef is None else float(kl_coef)
         td = TensorDict(
             {
@@ -298,7 +320,6 @@ class RolloutFromModel:
                 "log_probs": LogProbs(response=log_probs, batch_size=[B]),
                 "action": response,
                 "sample_log_prob": log_probs,
-                "values": values.masked_fill(~response_mask, 0.0),
                 "kl_coef": torch.full((B,), coef, device=device),
                 "reward_sources": parts,
                 "next": {"done": done, "terminated": done & has_eos[:, None], "truncated": done & ~has_eos[:, None],
@@ -307,12 +328,17 @@ class RolloutFromModel:
             batch_size=[B],
             device=device,
         )
+        if values is not None and self.has_critic:
+            td.set("values", values.masked_fill(~response_mask, 0.0))
         if log_ratio is not None:
             td.set(("ref_log_probs", "response"), (log_probs - log_ratio.reshape(B, T)).masked_fill(~response_mask, 0.0))
+        elif self.ref_log_prob_fn is None:  # no reference: no KL (the stack has no ref_logprob / kl entries)
+            td.set(("next", "kl"), torch.zeros(B, T, device=device))
+            td.set("kl_per_sequence", torch.zeros(B, device=device))
         reference = reference_from_batch(batch) if batch is not None else None
         if reference is not None:
             ids, mask = self._repeat(*reference) if reference[0].shape[0] != B else reference
-            td.set(("next", "score_ref"), weighted_sum(self.reward_sources, Sequences(ids, mask))[0])
+            td.set(("next", "score_ref"), weighted_sum(self.reward_sources, Sequences(ids, mask, None, columns))[0])
 
         td = self.transforms(td)  # score shaping → reference log-prob → KL → per-token reward
         if self.kl_scheduler is not None:

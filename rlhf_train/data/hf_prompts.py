@@ -1,0 +1,172 @@
+"""Generic prompt data (``data=prompts``): any dataset ``datasets`` can read, plain or chat prompts.
+
+Sources (``data.dataset``): a local ``.json`` / ``.jsonl`` / ``.csv`` / ``.parquet`` file (or a dir of them),
+a ``save_to_disk`` dir, or a hub name already in the local cache. The prompt is
+
+* a text column (``data.prompt_column``, default ``prompt``): tokenized as is (``data.text_as_chat=true``
+  wraps it as one user message and applies the chat template), or
+* a chat column (a list of ``{"role", "content"}`` messages; ``data.prompt_column=messages``, which is also
+  chosen when ``prompt`` is absent): ``tokenizer.apply_chat_template(messages, add_generation_prompt=True)``.
+
+Every other column (e.g. ``answer``) travels with its prompt to the reward functions (``columns`` of the
+batch, repeated for each sample); a chat prompt travels as ``messages`` too (a reward model with its own
+chat template re-renders it). Prompts longer than ``data.max_prompt_tokens`` are dropped or cut from the
+left (``data.truncation``), with the count logged. Each batch is left-padded to its own longest prompt
+(:meth:`HFPromptDataset.collate`), not to the dataset's. Held-out prompts: ``split`` selects a split; a
+dataset without one holds out its last ``data.eval_holdout`` rows for evaluation (and says so), so the
+pipeline's evaluation never sees training prompts. Bad input (a missing file or column, an empty dataset,
+a chat column and a tokenizer with no chat template) is one ``ConfigError`` line before training.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+import torch
+from torch.utils.data import Dataset
+
+from rlhf_train.infra.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+_FORMATS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet", ".arrow": "arrow"}
+
+
+def load_any(dataset: str, split: str, key: str = "data.dataset"):
+    """``(datasets.Dataset, has_splits)`` from a file, a dir of files, a ``save_to_disk`` dir or a cached hub name."""
+    import datasets
+
+    from rlhf_train.data.prompts import _load_hf_dataset
+
+    path = os.path.expanduser(str(dataset))
+    ext = os.path.splitext(path)[1].lower()
+    if os.path.isfile(path):
+        if ext not in _FORMATS:
+            raise ConfigError(f"{key}={dataset}: unknown file type '{ext}'; use .json, .jsonl, .csv or .parquet")
+        return datasets.load_dataset(_FORMATS[ext], data_files=path, split="train"), False
+    if os.path.isdir(path):
+        if os.path.exists(os.path.join(path, "dataset_info.json")):
+            return datasets.load_from_disk(path), False
+        if os.path.exists(os.path.join(path, "dataset_dict.json")):
+            dd = datasets.load_from_disk(path)
+            if split not in dd:
+                raise ConfigError(f"{key}={dataset} has no split '{split}' (has {list(dd)}); set data.split")
+            return dd[split], True
+        files = [f for f in sorted(os.listdir(path)) if os.path.splitext(f)[1].lower() in _FORMATS]
+        if files:
+            fmt = _FORMATS[os.path.splitext(files[0])[1].lower()]
+            return datasets.load_dataset(fmt, data_files=[os.path.join(path, f) for f in files], split="train"), False
+    elif ext in _FORMATS or path.startswith(("/", ".", "~")):
+        raise ConfigError(f"{key}={dataset}: no such file or directory")
+    return _load_hf_dataset(str(dataset), split), True
+
+
+def holdout(ds, has_splits: bool, split: str, eval_split: str, eval_holdout: int, key: str = "data.dataset"):
+    """A dataset without splits: the training split is all but the last ``eval_holdout`` rows, the
+    evaluation split those rows (logged once), so evaluation never sees training prompts."""
+    if has_splits or eval_holdout <= 0:
+        return ds
+    n = len(ds)
+    k = min(int(eval_holdout), n // 2)
+    if split == eval_split:
+        log.info("[data] %s has no splits: evaluating on its last %d rows (held out of training)", key, k)
+        return ds.select(range(n - k, n))
+    return ds.select(range(n - k))
+
+
+def _is_chat(value: Any) -> bool:
+    return isinstance(value, (list, tuple)) and len(value) > 0 and all(isinstance(m, dict) and "content" in m for m in value)
+
+
+class HFPromptDataset(Dataset):
+    """Tokenized prompts of varying lengths plus their other columns; :meth:`collate` pads a batch."""
+
+    def __init__(self, ids: list[list[int]], columns: dict[str, list[Any]], pad_token_id: int, text: list[str]):
+        if not ids:
+            raise ConfigError("the prompt dataset is empty; check data.dataset / data.split / data.max_prompt_tokens")
+        self.ids, self.columns, self.pad_token_id, self.text = ids, columns, int(pad_token_id), text
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, i: int) -> dict:
+        ids = torch.tensor(self.ids[i], dtype=torch.long)
+        return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "index": torch.tensor(i),
+                "columns": {k: v[i] for k, v in self.columns.items()}}
+
+    @property
+    def prompt_width(self) -> int:
+        return max(len(x) for x in self.ids)
+
+    def collate(self, items: list[dict]) -> dict:
+        """``input_ids`` / ``attention_mask`` ``[B, P]`` left-padded to the batch's longest prompt, ``index [B]``,
+        ``columns``: ``{name: [B] values}``."""
+        P = max(it["input_ids"].shape[0] for it in items)
+        ids = torch.full((len(items), P), self.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((len(items), P), dtype=torch.long)
+        for r, it in enumerate(items):  # one copy per row (the collate runs once per batch, not per token)
+            n = it["input_ids"].shape[0]
+            ids[r, P - n:], mask[r, P - n:] = it["input_ids"], 1
+        return {"input_ids": ids, "attention_mask": mask, "index": torch.stack([it["index"] for it in items]),
+                "columns": {k: [it["columns"][k] for it in items] for k in items[0]["columns"]}}
+
+
+def hf_prompts(tokenizer, dataset: str, split: str = "train", prompt_column: str | None = None,
+               text_as_chat: bool = False, max_prompt_tokens: int = 256, truncation: str = "drop",
+               max_prompts: int | None = None, seed: int = 0, shuffle: bool = False, eval_split: str = "test",
+               eval_holdout: int = 64) -> HFPromptDataset:
+    """The ``data=prompts`` dataset; see the module docstring (each argument is a ``data.*`` key)."""
+    if truncation not in ("drop", "left"):
+        raise ConfigError(f"data.truncation={truncation} is not valid; choose drop or left")
+    if max_prompt_tokens is None or max_prompt_tokens <= 0:
+        raise ConfigError(f"data.max_prompt_tokens={max_prompt_tokens} must be positive")
+    ds, has_splits = load_any(dataset, split)
+    ds = holdout(ds, has_splits, split, eval_split, eval_holdout)
+    if len(ds) == 0:
+        raise ConfigError(f"data.dataset={dataset} (split '{split}') has no rows")
+    cols = ds.column_names
+    column = prompt_column or ("prompt" if "prompt" in cols else "messages" if "messages" in cols else None)
+    if column not in cols:
+        raise ConfigError(f"data.dataset={dataset} has no column '{prompt_column or 'prompt'}' (has {cols}); "
+                          f"set data.prompt_column")
+    if shuffle:
+        ds = ds.shuffle(seed=seed)
+    if max_prompts is not None:
+        ds = ds.select(range(min(len(ds), int(max_prompts))))
+    values = list(ds[column])
+    chat = _is_chat(values[0])
+    if chat or text_as_chat:
+        if not getattr(tokenizer, "chat_template", None):
+            raise ConfigError(f"data.prompt_column={column} holds chat messages but the tokenizer has no chat "
+                              f"template; use the model's own tokenizer (tokenizer.pretrained) or plain text prompts")
+        messages = values if chat else [[{"role": "user", "content": str(v)}] for v in values]
+        if not all(_is_chat(m) for m in messages):
+            raise ConfigError(f"data.prompt_column={column}: every row must be a list of {{role, content}} messages")
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True)["input_ids"]
+        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    else:
+        messages, text = None, [str(v) for v in values]
+        ids = tokenizer(text)["input_ids"]
+    columns = {c: list(ds[c]) for c in cols if c != column}
+    if messages is not None:
+        columns["messages"] = messages
+    keep, cut = [], 0
+    for i, row in enumerate(ids):
+        if len(row) > max_prompt_tokens:
+            cut += 1
+            if truncation == "drop":
+                continue
+            ids[i] = row[-max_prompt_tokens:]
+        keep.append(i)
+    if cut:
+        log.warning("[data] %d of %d prompts are longer than data.max_prompt_tokens=%d: %s", cut, len(ids),
+                    max_prompt_tokens, "dropped" if truncation == "drop" else "cut from the left")
+    if not keep:
+        raise ConfigError(f"every prompt is longer than data.max_prompt_tokens={max_prompt_tokens}; raise it or "
+                          f"set data.truncation=left")
+    columns = {k: [v[i] for i in keep] for k, v in columns.items()}
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    ds_out = HFPromptDataset([list(ids[i]) for i in keep], columns, pad, [text[i] for i in keep])
+    ds_out.num_truncated = cut
+    return ds_out
