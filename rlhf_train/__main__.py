@@ -82,11 +82,13 @@ def main(cfg: DictConfig):
     from hydra.core.hydra_config import HydraConfig
     from hydra.errors import InstantiationException
 
+    from rlhf_train.infra.checkpoint import CheckpointError
     from rlhf_train.infra.errors import ConfigError
     from rlhf_train.infra.logger import in_multirun
     from rlhf_train.infra.run_dir import (
         RUN_DIR_LINE,
         remove_unused_run_dir,
+        restore_hydra_dir,
         run_dir_contents,
     )
     from rlhf_train.pipeline.stages import run_stage
@@ -101,10 +103,10 @@ def main(cfg: DictConfig):
         if main_process and run_dir.is_dir():
             log.info("[rlhf_train] written in %s: %s", run_dir, ", ".join(run_dir_contents(run_dir, started)))
 
-    def bad_input(err) -> None:  # one line, exit 2; the run dir goes if this start created it and it is empty
-        print(f"Error: {err}", file=sys.stderr, flush=True)
-        if main_process:
-            remove_unused_run_dir(run_dir, f"{hc.job.name}.log")
+    def bad_input(err) -> None:  # one line, exit 2; the run dir goes if this start created it and it is empty;
+        print(f"Error: {err}", file=sys.stderr, flush=True)  # an existing run dir gets its .hydra/ back
+        if main_process and not remove_unused_run_dir(run_dir, f"{hc.job.name}.log"):
+            restore_hydra_dir(run_dir, str(hc.output_subdir or ".hydra"))
         sys.exit(2)
 
     if in_multirun():  # a failing job is recorded in the sweep report; the other jobs still run
@@ -122,8 +124,8 @@ def main(cfg: DictConfig):
         if cause is None:
             raise
         bad_input(cause)
-    except FloatingPointError as err:  # trainer.max_consecutive_faults reached: last good state checkpointed
-        print(f"Error: {err}", file=sys.stderr, flush=True)
+    except (FloatingPointError, CheckpointError) as err:  # max_consecutive_faults reached (last good state
+        print(f"Error: {err}", file=sys.stderr, flush=True)  # checkpointed); a checkpoint write failed (disk full)
         say_what_was_written()
         sys.exit(1)
     say_what_was_written()
@@ -131,6 +133,10 @@ def main(cfg: DictConfig):
 
 
 if __name__ == "__main__":
+    from rlhf_train.infra.preemption import die_with_parent, launched_by_torch_elastic
+
+    if launched_by_torch_elastic():  # a worker of `accelerate launch` / torchrun: never outlive the launcher
+        die_with_parent()
     if "--hydra-help" in sys.argv[1:]:
         sys.argv[1:] = hydra_help_argv(sys.argv[1:])
     else:

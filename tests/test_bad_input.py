@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import json
 
 import pytest
 import torch
@@ -153,7 +154,10 @@ def test_corrupt_optimizer_state_fails_to_load_with_one_line(tmp_path):
 
     path, policy, optimizer, scheduler = _checkpoint(tmp_path)
     opt = path / "optimizer.pt"
-    opt.write_bytes(b"x" * opt.stat().st_size)  # passes the cheap checks, fails torch.load
+    opt.write_bytes(b"x" * opt.stat().st_size)  # same size: only the checksum would catch it ...
+    manifest = json.loads((path / "COMPLETE").read_text())
+    del manifest["sha256"]  # ... and a checkpoint written before checksums has none: torch.load fails
+    (path / "COMPLETE").write_text(json.dumps(manifest))
     assert resolve_resume(str(path), tmp_path) == path
     with pytest.raises(ConfigError, match=r"trainer\.resume: checkpoint .* cannot be loaded") as exc:
         load_checkpoint(path, accelerator=Accelerator(cpu=True), policy=policy, optimizer=optimizer,
@@ -247,3 +251,50 @@ def test_only_a_run_dir_this_start_created_and_left_empty_is_removed(tmp_path):
     (tmp_path / "old").mkdir()
     run = start(tmp_path / "old")
     assert not remove_unused_run_dir(run, "__main__.log") and run.is_dir()
+
+
+# ---------------------------------------------------------------- issue 17, item 7: values that slipped through
+@pytest.mark.parametrize("override,match", [
+    ("scheduler.name=bogus", r"scheduler\.name='bogus' is not valid; choose one of: .*linear"),
+    ("trainer.mixed_precision=fp9", r"trainer\.mixed_precision='fp9' is not valid"),
+    ("data.num_workers=-1", r"data\.num_workers=-1 must be >= 0"),
+    ("optimizer.lr=-1", r"optimizer\.lr=-1.0 must be positive"),
+    ("kl_controller.init_kl_coef=-1", r"kl_controller\.init_kl_coef=-1.0 must be >= 0"),
+    ("rollout.top_p=1.5", r"rollout\.top_p=1.5 must be in \(0, 1\]"),
+    ("rollout.top_p=0", r"rollout\.top_p=0.0 must be in \(0, 1\]"),
+    ("rollout.top_k=-1", r"rollout\.top_k=-1 must be >= 0"),
+    ("ppo.clip_eps=-0.2", r"ppo\.clip_eps=-0.2 must be positive"),
+    ("ppo.gamma=-1", r"ppo\.gamma=-1.0 must be in \[0, 1\]"),
+    ("+trainer.foo=1", r"trainer\.foo is not a key of trainer .*remove the override"),
+    ("data.batch_size=6", r"data\.batch_size=6 = 6 rollouts per process is not a multiple of ppo\.minibatch_size=4"),
+    ("policy.config.n_head=3", r"policy\.config\.n_head=3 does not divide the width 64"),
+])
+def test_values_that_slipped_through(override, match):
+    from rlhf_train.loop.components import validate_config
+
+    cfg = make_cfg("kl_controller=adaptive", "ppo.minibatch_size=4", override)
+    with pytest.raises(ConfigError, match=match) as exc:
+        validate_config(cfg)
+    assert "\n" not in str(exc.value)
+
+
+def _saved_policy(path):
+    tiny_policy().lm.save_pretrained(path)
+    return path
+
+
+@pytest.mark.parametrize("damage,match", [
+    (lambda d: (d / "config.json").write_text("{not json"), r"policy\.pretrained=.*config\.json is corrupt"),
+    (lambda d: (d / "model.safetensors").unlink(), r"policy\.pretrained=.* holds no weights"),
+])
+def test_damaged_policy_dir(tmp_path, damage, match):
+    model_dir = _saved_policy(tmp_path / "model")
+    damage(model_dir)
+    _train_fails(tmp_path, "policy=gpt2", f"policy.pretrained={model_dir}", match=match)
+
+
+def test_bad_value_via_cli_is_one_line_exit_2(tmp_path):
+    out = cli("+recipe=smoke", "logger=csv", "scheduler.name=bogus", f"hydra.run.dir={tmp_path / 'run'}", timeout=120)
+    assert out.returncode == 2
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error: scheduler.name='bogus' is not valid"), out.stderr[-2000:]

@@ -127,12 +127,15 @@ def test_whitening_ignores_faulty_rows():
 def _nan_scores_from(monkeypatch, iteration: int, rows=slice(0, 1)):
     """From rollout ``iteration`` on, the reward model scores ``rows`` NaN."""
     from rlhf_train.rewards.sources import RewardModelSource
+    from rlhf_train.rollout.rollout_from_model import RolloutFromModel
 
-    real, calls = RewardModelSource.__call__, []
+    real, calls = RewardModelSource.__call__, []  # calls: rollouts so far (the pre-flight probe is not one)
+    rollout_from_data = RolloutFromModel.rollout_from_data
+    monkeypatch.setattr(RolloutFromModel, "rollout_from_data",
+                        lambda self, *a, **k: calls.append(1) or rollout_from_data(self, *a, **k))
 
     def score(self, sequences):
         out = real(self, sequences)
-        calls.append(1)
         if len(calls) >= iteration:
             out = out.clone()
             out[rows] = float("nan")

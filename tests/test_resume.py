@@ -8,6 +8,7 @@ import csv
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -87,11 +88,12 @@ def test_crash_mid_write_leaves_previous_checkpoint_latest(tmp_path, monkeypatch
         return real_save(obj, f, *a, **k)
 
     monkeypatch.setattr(ckpt.torch, "save", crash_on_scheduler)
-    with pytest.raises(OSError):
+    with pytest.raises(ckpt.CheckpointError, match="disk full"):  # a failed write: its temp dir is removed
         _save(tmp_path, 2, policy, optimizer, scheduler)
     monkeypatch.setattr(ckpt.torch, "save", real_save)
     root = tmp_path / "checkpoints"
-    assert (root / ".tmp-iter_000002").is_dir() and not (root / "iter_000002").exists()
+    assert not (root / ".tmp-iter_000002").exists() and not (root / "iter_000002").exists()
+    shutil.copytree(first, root / ".tmp-iter_000002")  # what SIGKILL mid-write leaves
     assert ckpt.resolve_resume("auto", tmp_path) == first  # the half-written one is never "latest"
 
     # and the previous one loads: the weights are those saved at iteration 1
@@ -186,8 +188,11 @@ def test_second_signal_exits_at_once(monkeypatch):
     handler = preemption.PreemptionHandler()
     handler._handle(signal.SIGTERM, None)
     assert handler.requested and exits == []  # first: finish the iteration, checkpoint, exit 143
+    handler._handle(signal.SIGTERM, None)
+    assert exits == []  # at once again: the same request (SLURM signals workers and launcher, which relays)
+    handler.first_at -= preemption.SAME_REQUEST_S + 1
     handler._handle(signal.SIGINT, None)
-    assert exits == [128 + signal.SIGINT]  # second: at once
+    assert exits == [128 + signal.SIGINT]  # later: at once
 
 
 # --------------------------------------------------------------------------------------------

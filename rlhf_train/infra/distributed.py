@@ -82,3 +82,23 @@ def main_process_run_dir(run_dir: Path, accelerator) -> Path:
     from accelerate.utils import broadcast_object_list
 
     return Path(broadcast_object_list([str(run_dir)], from_process=0)[0])
+
+
+def max_abs_weight(model) -> float:
+    """The largest ``|w|`` over the model's parameters (``nan`` if any is NaN)."""
+    values = [p.detach().abs().max().float() for p in model.parameters() if p.numel()]
+    return float(torch.stack(values).max()) if values else 0.0
+
+
+DIVERGED_FACTOR = 100.0  # weights this many times larger than at the start (and than 1) count as diverged
+
+
+def weights_problem(model, initial_max_abs: float, factor: float = DIVERGED_FACTOR) -> str | None:
+    """Why the weights are not a good state to keep (the fault stop checkpoints them otherwise): not
+    finite, or diverged (``max |w|`` over ``factor`` × the start's, e.g. after ``optimizer.lr=1e6``)."""
+    if not all(bool(torch.isfinite(p).all()) for p in model.parameters()):
+        return "the weights are not finite"
+    now, limit = max_abs_weight(model), factor * max(1.0, initial_max_abs)
+    if now > limit:
+        return f"the weights have diverged (max |w| = {now:.3g}, {now / max(1.0, initial_max_abs):.3g}x the start's)"
+    return None

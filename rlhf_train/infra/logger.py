@@ -15,22 +15,16 @@ import csv
 import json
 import os
 import socket
+import sys
 from pathlib import Path
 from typing import Any
 
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 
-SECRET_KEYS = ("api_key", "token", "password", "secret")
+from rlhf_train.infra.secrets import redact, redact_overrides
 
-
-def redact(obj: Any) -> Any:
-    """Drop values of secret-looking keys from a (nested) config dict before logging or saving it."""
-    if isinstance(obj, dict):
-        return {k: ("<redacted>" if any(s in str(k).lower() for s in SECRET_KEYS) else redact(v)) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [redact(v) for v in obj]
-    return obj
+__all__ = ["redact", "redact_overrides"]  # redact is the trainer's (secrets live in rlhf_train/infra/secrets.py)
 
 
 class NullLogger:
@@ -208,13 +202,18 @@ class WandbLogger(NullLogger):
         from rlhf_train.infra.logger import wandb_names
 
         sweep_group, job_name = wandb_names(config.get("task_name"))  # multirun: group = sweep, name = overrides
-        self.run = wandb.init(
-            project=cfg.project, entity=cfg.entity, group=cfg.group or sweep_group, name=cfg.name or job_name,
-            tags=list(cfg.tags),
-            config=redact(config), dir=str(run_dir), mode=mode, id=resume_id,
-            resume="allow" if resume_id else None,
-            settings=wandb.Settings(init_timeout=60, console="off"),
-        )
+        argv = sys.argv
+        sys.argv = redact_overrides(list(argv), sep="\0")  # W&B records the command line as the run's args
+        try:
+            self.run = wandb.init(
+                project=cfg.project, entity=cfg.entity, group=redact_overrides(cfg.group or sweep_group),
+                name=redact_overrides(cfg.name or job_name), tags=list(cfg.tags),
+                config=redact(config), dir=str(run_dir), mode=mode, id=resume_id,
+                resume="allow" if resume_id else None,
+                settings=wandb.Settings(init_timeout=60, console="off"),
+            )
+        finally:
+            sys.argv = argv
         self.run_id = self.run.id
         self.table_rows: list[list] = []
 
@@ -267,7 +266,7 @@ def wandb_names(task_name: str | None = None) -> tuple[str | None, str | None]:
     hc = HydraConfig.get()
     sweep = Path(str(hc.sweep.dir)).resolve().name
     group = sweep if (not task_name or task_name in sweep) else f"{task_name}-{sweep}"
-    return group, hc.job.override_dirname or f"job{hc.job.num}"
+    return group, redact_overrides(hc.job.override_dirname) or f"job{hc.job.num}"
 
 
 def write_final_metrics(run_dir: str | Path, metrics: dict, history: list[dict]) -> None:

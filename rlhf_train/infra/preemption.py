@@ -1,17 +1,38 @@
-"""Graceful preemption: SIGTERM / SIGINT end the run at an iteration boundary with a checkpoint."""
+"""Graceful preemption: SIGTERM / SIGINT end the run at an iteration boundary with a checkpoint.
+
+Under ``accelerate launch`` (torch elastic underneath), what happens to signals (read in torch 2.13's
+``torch/distributed/elastic``): the launcher's agent turns SIGTERM/SIGINT into a ``SignalException``,
+sends the same signal to every worker, waits ``TORCH_ELASTIC_SHUTDOWN_TIMEOUT`` seconds (default 30) for
+them to exit, SIGKILLs the rest, then re-raises: ``accelerate launch`` ends with a traceback and exit 1.
+Each worker runs in its own session (``start_new_session=True``), so a signal to the launcher's process
+group does not reach the workers, and a launcher killed with SIGKILL leaves them running. Hence:
+
+* :class:`PreemptionHandler` in each worker: finish the iteration, checkpoint (all processes together),
+  exit 143. A second signal within :data:`SAME_REQUEST_S` seconds counts as the same request (SLURM
+  signals the workers and the launcher, whose agent then signals them again); a later one exits at once;
+* :func:`die_with_parent`: a worker started by a launcher asks the kernel for SIGKILL when its parent dies
+  (``prctl(PR_SET_PDEATHSIG)``), so workers never outlive their launcher;
+* ``python -m rlhf_train.tools.launch`` (= ``accelerate launch``, same arguments) exits 143 as a whole
+  when the launch was preempted (see :mod:`rlhf_train.tools.launch`).
+"""
 from __future__ import annotations
 
 import os
 import signal
+import sys
+import time
 
 PREEMPTED_EXIT_CODE = 143  # 128 + SIGTERM: what schedulers (SLURM, k8s) read as "terminated, requeue"
+SAME_REQUEST_S = 5.0  # a second signal this soon after the first is the same preemption, not "exit now"
 
 
 class PreemptionHandler:
-    """First SIGTERM/SIGINT: finish the current iteration, checkpoint, exit 143. Second: exit at once."""
+    """First SIGTERM/SIGINT: finish the current iteration, checkpoint, exit 143. Another one more than
+    :data:`SAME_REQUEST_S` seconds later: exit at once."""
 
     def __init__(self):
         self.requested = False
+        self.first_at = 0.0
         self._old = {}
 
     def install(self) -> "PreemptionHandler":
@@ -24,11 +45,40 @@ class PreemptionHandler:
 
     def _handle(self, signum, frame):
         if self.requested:
-            os._exit(128 + signum)
-        self.requested = True
+            if time.monotonic() - self.first_at > SAME_REQUEST_S:
+                os._exit(128 + signum)
+            return
+        self.requested, self.first_at = True, time.monotonic()
         print(f"[rlhf_train] received {signal.Signals(signum).name}: finishing this iteration, then "
               f"checkpointing and exiting (send it again to exit at once)", flush=True)
 
     def restore(self) -> None:
         for sig, old in self._old.items():
             signal.signal(sig, old)
+
+
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(sig: int = signal.SIGKILL) -> bool:
+    """Linux: have the kernel send ``sig`` to this process when its parent (the launcher) dies. Returns
+    whether it was set. Exits at once if the parent is already gone (re-parented to init)."""
+    if not sys.platform.startswith("linux"):
+        return False
+    import ctypes
+
+    parent = os.getppid()
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
+            return False
+    except (OSError, AttributeError):
+        return False
+    if os.getppid() != parent or parent == 1:  # the launcher died before the request took effect
+        os._exit(128 + int(sig))
+    return True
+
+
+def launched_by_torch_elastic() -> bool:
+    """This process is a worker of ``accelerate launch`` / ``torchrun`` (torch elastic sets these)."""
+    return "TORCHELASTIC_RUN_ID" in os.environ or "TORCHELASTIC_RESTART_COUNT" in os.environ

@@ -1,4 +1,5 @@
-"""The run dir: writable before anything starts, said where it is, not left empty after a failed start.
+"""The run dir: writable before anything starts, said where it is, not left empty after a failed start,
+locked while a run uses it, never silently shared by two runs.
 
 Hydra creates the run dir (and writes ``.hydra/``) before :func:`rlhf_train.__main__.main` runs, so the
 CLI check is a Hydra callback (:class:`RunDirCheck`, registered in ``conf/config.yaml`` under
@@ -7,11 +8,23 @@ pass a run dir themselves. The callback also notes which folders of the run dir'
 after bad input (exit 2) :func:`remove_unused_run_dir` takes away the folders this run created when they
 hold nothing but Hydra's ``.hydra/`` and a log with the run-dir line alone. :func:`run_dir_contents`
 lists what a run wrote (its last log line).
+
+One run per run dir (:func:`claim_run_dir`, the trainer's first step, on rank 0, before any model is built):
+* :func:`lock_run_dir` takes an exclusive ``flock`` on ``<run dir>/.lock`` (holding the PID and host) for
+  the run's lifetime; a second run or resume gets one line naming the holder's PID. The kernel drops the
+  lock when the holder dies (SIGKILL included); the file goes when the lock is released.
+* a fresh run (``trainer.resume`` unset) refuses a run dir that already holds checkpoints (the pruning of
+  the new run would delete them, and a later ``resume=auto`` would pick the old run's);
+* ``trainer.resume`` is resolved (:func:`rlhf_train.infra.checkpoint.resolve_resume`: verified, same config).
+Hydra writes ``.hydra/`` before any of this runs: :class:`RunDirCheck` keeps a copy of an existing run
+dir's ``.hydra/`` files, and :func:`restore_hydra_dir` puts them back after bad input (exit 2).
 """
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
+import socket
 import sys
 import tempfile
 from pathlib import Path
@@ -23,6 +36,9 @@ from rlhf_train.infra.errors import ConfigError
 RUN_DIR_LINE = "[rlhf_train] run dir: "  # the first line a run logs (rlhf_train/__main__.py)
 # run dir (absolute) -> the top-most folder of its path that did not exist before Hydra created it
 _CREATED: dict[str, Path] = {}
+# run dir (absolute) -> {file name: bytes} of the .hydra/ it held before this start (restored after bad input)
+_HYDRA_BEFORE: dict[str, dict[str, bytes]] = {}
+LOCK_NAME = ".lock"
 
 
 def check_writable(path: str | Path, key: str = "hydra.run.dir") -> None:
@@ -65,6 +81,9 @@ class RunDirCheck(Callback):
             path = Path(str(config.hydra.run.dir)).expanduser().absolute()
         except Exception:
             return
+        hydra_dir = path / str(config.hydra.get("output_subdir") or ".hydra")
+        if hydra_dir.is_dir():  # an existing run's: put back if this start turns out to be bad input
+            _HYDRA_BEFORE[str(path)] = {p.name: p.read_bytes() for p in hydra_dir.iterdir() if p.is_file()}
         top = None
         for folder in (path, *path.parents):
             if folder.exists():
@@ -85,7 +104,7 @@ def remove_unused_run_dir(run_dir: str | Path, log_name: str) -> bool:
     top = _CREATED.get(str(run_dir))
     if top is None or not run_dir.is_dir():
         return False
-    if any(p.name not in (".hydra", log_name) for p in run_dir.iterdir()):
+    if any(p.name not in (".hydra", log_name, LOCK_NAME) for p in run_dir.iterdir()):
         return False
     log_file = run_dir / log_name
     if log_file.is_dir() or (run_dir / ".hydra").is_file():
@@ -100,6 +119,22 @@ def remove_unused_run_dir(run_dir: str | Path, log_name: str) -> bool:
         if not folder.is_relative_to(top) or any(folder.iterdir()):
             break
         folder.rmdir()
+    return True
+
+
+def restore_hydra_dir(run_dir: str | Path, subdir: str = ".hydra") -> bool:
+    """After bad input in a run dir that held a ``.hydra/`` before this start: put its files back (Hydra
+    overwrote them) and remove the ones this start added. Returns whether anything was restored."""
+    before = _HYDRA_BEFORE.get(str(Path(run_dir).absolute()))
+    if before is None:
+        return False
+    hydra_dir = Path(run_dir) / subdir
+    for p in hydra_dir.iterdir() if hydra_dir.is_dir() else []:
+        if p.is_file() and p.name not in before:
+            p.unlink()
+    hydra_dir.mkdir(parents=True, exist_ok=True)
+    for name, data in before.items():
+        (hydra_dir / name).write_bytes(data)
     return True
 
 
@@ -131,3 +166,95 @@ def run_dir_contents(run_dir: str | Path, since: float | None = None) -> list[st
         except OSError:  # removed while listing
             continue
     return out
+
+
+# --------------------------------------------------------------------------------------------
+# One run per run dir
+# --------------------------------------------------------------------------------------------
+_HELD: dict[str, "RunDirLock"] = {}  # run dir -> this process's lock on it
+
+
+class RunDirLock:
+    """An exclusive ``flock`` on ``<run dir>/.lock``; :meth:`release` unlocks and removes the file."""
+
+    def __init__(self, path: Path, fd: int | None):
+        self.path, self.fd = path, fd
+
+    def release(self) -> None:
+        if self.fd is None:
+            return
+        try:
+            if _HELD.get(str(self.path.parent)) is self:
+                del _HELD[str(self.path.parent)]
+            self.path.unlink(missing_ok=True)  # while still locked: a waiter re-checks the inode
+        except OSError:
+            pass
+        finally:
+            os.close(self.fd)  # drops the flock
+            self.fd = None
+
+
+NO_LOCK = RunDirLock(Path(LOCK_NAME), None)  # what processes other than rank 0 hold
+
+
+def lock_run_dir(run_dir: str | Path) -> RunDirLock:
+    """Lock ``run_dir`` for this run, or raise one :class:`ConfigError` naming the PID (and host) of the
+    run that holds it. A lock this process already holds on it (an earlier in-process run that failed) is
+    released first."""
+    run_dir = Path(run_dir).absolute()
+    if str(run_dir) in _HELD:
+        _HELD[str(run_dir)].release()
+    path = run_dir / LOCK_NAME
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            holder = os.pread(fd, 200, 0).decode(errors="replace").split()
+            os.close(fd)
+            who = f"PID {holder[0]} on {holder[1]}" if len(holder) >= 2 else "PID unknown"
+            raise ConfigError(f"hydra.run.dir='{run_dir}' is in use by another run ({who}); wait for it to end, "
+                              f"or give this run another hydra.run.dir") from None
+        try:
+            same = os.fstat(fd).st_ino == os.stat(path).st_ino
+        except FileNotFoundError:  # released (and removed) between our open and flock: try again
+            same = False
+        if same:
+            break
+        os.close(fd)
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()} {socket.gethostname()}\n".encode(), 0)
+    lock = _HELD[str(run_dir)] = RunDirLock(path, fd)
+    return lock
+
+
+def claim_run_dir(run_dir: Path, accelerator, resume: str | None, config_yaml: str) -> tuple[Path | None, RunDirLock]:
+    """The trainer's first step on the run dir (rank 0 does the work, every process gets the outcome):
+    writable, created, locked, not another run's (a fresh run refuses a dir with checkpoints), and the
+    checkpoint to resume from. Returns ``(checkpoint or None, the lock)``; one :class:`ConfigError` on
+    every process otherwise."""
+    from rlhf_train.infra.checkpoint import checkpoint_dirs, resolve_resume
+
+    outcome, lock = None, NO_LOCK
+    if accelerator.is_main_process:
+        try:
+            check_writable(run_dir, "hydra.run.dir")  # probes with a temp file (os.access lies for root)
+            run_dir.mkdir(parents=True, exist_ok=True)
+            lock = lock_run_dir(run_dir)
+            path = resolve_resume(resume, run_dir, config_yaml)
+            old = checkpoint_dirs(run_dir)
+            if path is None and old:
+                raise ConfigError(f"hydra.run.dir='{run_dir}' already holds checkpoints ({old[-1].name}, ...) of an "
+                                  f"earlier run: continue it with trainer.resume=auto, or give this run a new "
+                                  f"hydra.run.dir")
+            outcome = ("ok", str(path) if path else None)
+        except ConfigError as err:
+            lock.release()
+            lock, outcome = NO_LOCK, ("error", str(err))
+    if accelerator.num_processes > 1:
+        from accelerate.utils import broadcast_object_list
+
+        outcome = broadcast_object_list([outcome], from_process=0)[0]
+    if outcome[0] == "error":
+        raise ConfigError(outcome[1])
+    return (Path(outcome[1]) if outcome[1] else None), lock

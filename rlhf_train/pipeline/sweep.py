@@ -76,7 +76,10 @@ def run_job(fn: Callable[[DictConfig], Any], cfg: DictConfig) -> Any:
         if not isinstance(err, ConfigError):  # bad input needs no traceback: the message names the key
             log.exception("job %s failed", hc.job.num)
         error = f"{type(err).__name__}: {err}".replace("\n", " ")  # one line, in the report too
-        print(f"[rlhf_train] job {hc.job.num} ({hc.job.override_dirname}) failed: {error}", file=sys.stderr,
+        from rlhf_train.infra.secrets import redact_overrides
+
+        print(f"[rlhf_train] job {hc.job.num} ({redact_overrides(hc.job.override_dirname)}) failed: {error}",
+              file=sys.stderr,
               flush=True)
         return JobFailed(error)
 
@@ -101,6 +104,8 @@ class SweepReportCallback(Callback):
     def on_job_end(self, config: DictConfig, job_return, **kwargs: Any) -> None:
         from hydra.core.utils import JobStatus
 
+        from rlhf_train.infra.secrets import redact_overrides
+
         if config.hydra.mode != RunMode.MULTIRUN or not _rank0():
             return
         value = job_return._return_value
@@ -111,7 +116,7 @@ class SweepReportCallback(Callback):
             status, error = "failed", value.error
         out = Path(config.hydra.runtime.output_dir) / "job_status.json"
         out.write_text(json.dumps({"status": status, "error": error, "num": config.hydra.job.num,
-                                   "overrides": list(job_return.overrides or [])}, indent=1))
+                                   "overrides": redact_overrides(list(job_return.overrides or []))}, indent=1))
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         if not _rank0():  # a multi-process launch: rank 0 writes the report

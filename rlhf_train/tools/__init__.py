@@ -1,6 +1,7 @@
 """Layer 11, tools: command-line tools that check a run (``python -m rlhf_train.tools.<name>``).
 
 ``resume_check`` kills a run mid-way, resumes it and compares it with an uninterrupted run.
+``launch`` is ``accelerate launch`` that exits 143 when preempted (schedulers requeue on it).
 
 May import: every layer below it (up to ``rlhf_train.config``); only ``rlhf_train.__main__`` sits above.
 """
