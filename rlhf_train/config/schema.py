@@ -132,7 +132,6 @@ class PromptsDataSchema:  # conf/data/prompts.yaml -> rlhf_train.data.hf_prompts
     max_prompts: Optional[int] = None
     seed: int = 0
     shuffle: bool = False
-    eval_split: str = "test"
     eval_holdout: int = 64
 
 

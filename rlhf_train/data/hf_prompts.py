@@ -13,8 +13,8 @@ batch, repeated for each sample); a chat prompt travels as ``messages`` too (a r
 chat template re-renders it). Prompts longer than ``data.max_prompt_tokens`` are dropped or cut from the
 left (``data.truncation``), with the count logged. Each batch is left-padded to its own longest prompt
 (:meth:`HFPromptDataset.collate`), not to the dataset's. Held-out prompts: ``split`` selects a split; a
-dataset without one holds out its last ``data.eval_holdout`` rows for evaluation (and says so), so the
-pipeline's evaluation never sees training prompts. Bad input (a missing file or column, an empty dataset,
+dataset without splits holds out its last ``data.eval_holdout`` rows (split ``train`` is the rest, any other
+split those rows; logged), so the pipeline's evaluation never sees training prompts. Bad input (a missing file or column, an empty dataset,
 a chat column and a tokenizer with no chat template) is one ``ConfigError`` line before training.
 """
 from __future__ import annotations
@@ -44,7 +44,7 @@ def load_any(dataset: str, split: str, key: str = "data.dataset"):
     if os.path.isfile(path):
         if ext not in _FORMATS:
             raise ConfigError(f"{key}={dataset}: unknown file type '{ext}'; use .json, .jsonl, .csv or .parquet")
-        return datasets.load_dataset(_FORMATS[ext], data_files=path, split="train"), False
+        return _read_files(_FORMATS[ext], path, dataset, key), False
     if os.path.isdir(path):
         if os.path.exists(os.path.join(path, "dataset_info.json")):
             return datasets.load_from_disk(path), False
@@ -56,20 +56,32 @@ def load_any(dataset: str, split: str, key: str = "data.dataset"):
         files = [f for f in sorted(os.listdir(path)) if os.path.splitext(f)[1].lower() in _FORMATS]
         if files:
             fmt = _FORMATS[os.path.splitext(files[0])[1].lower()]
-            return datasets.load_dataset(fmt, data_files=[os.path.join(path, f) for f in files], split="train"), False
+            return _read_files(fmt, [os.path.join(path, f) for f in files], dataset, key), False
     elif ext in _FORMATS or path.startswith(("/", ".", "~")):
         raise ConfigError(f"{key}={dataset}: no such file or directory")
     return _load_hf_dataset(str(dataset), split), True
 
 
-def holdout(ds, has_splits: bool, split: str, eval_split: str, eval_holdout: int, key: str = "data.dataset"):
-    """A dataset without splits: the training split is all but the last ``eval_holdout`` rows, the
-    evaluation split those rows (logged once), so evaluation never sees training prompts."""
+def _read_files(fmt: str, files, dataset: str, key: str):
+    import datasets
+
+    try:
+        return datasets.load_dataset(fmt, data_files=files, split="train")
+    except Exception as err:  # an empty file, a malformed row, ...
+        if "no data" in str(err):
+            raise ConfigError(f"{key}={dataset} has no rows") from None
+        raise ConfigError(f"{key}={dataset}: cannot read it as {fmt} ({type(err).__name__}: {str(err)[:200]})") from None
+
+
+def holdout(ds, has_splits: bool, split: str, eval_holdout: int, key: str = "data.dataset"):
+    """A dataset without splits: split ``train`` is all but its last ``eval_holdout`` rows (at most half),
+    any other split (the evaluation's, e.g. ``test`` / ``valid``) those rows, so evaluation never sees
+    training prompts (logged)."""
     if has_splits or eval_holdout <= 0:
         return ds
     n = len(ds)
     k = min(int(eval_holdout), n // 2)
-    if split == eval_split:
+    if split != "train":
         log.info("[data] %s has no splits: evaluating on its last %d rows (held out of training)", key, k)
         return ds.select(range(n - k, n))
     return ds.select(range(n - k))
@@ -114,7 +126,7 @@ class HFPromptDataset(Dataset):
 
 def hf_prompts(tokenizer, dataset: str, split: str = "train", prompt_column: str | None = None,
                text_as_chat: bool = False, max_prompt_tokens: int = 256, truncation: str = "drop",
-               max_prompts: int | None = None, seed: int = 0, shuffle: bool = False, eval_split: str = "test",
+               max_prompts: int | None = None, seed: int = 0, shuffle: bool = False,
                eval_holdout: int = 64) -> HFPromptDataset:
     """The ``data=prompts`` dataset; see the module docstring (each argument is a ``data.*`` key)."""
     if truncation not in ("drop", "left"):
@@ -122,7 +134,7 @@ def hf_prompts(tokenizer, dataset: str, split: str = "train", prompt_column: str
     if max_prompt_tokens is None or max_prompt_tokens <= 0:
         raise ConfigError(f"data.max_prompt_tokens={max_prompt_tokens} must be positive")
     ds, has_splits = load_any(dataset, split)
-    ds = holdout(ds, has_splits, split, eval_split, eval_holdout)
+    ds = holdout(ds, has_splits, split, eval_holdout)
     if len(ds) == 0:
         raise ConfigError(f"data.dataset={dataset} (split '{split}') has no rows")
     cols = ds.column_names

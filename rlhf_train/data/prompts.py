@@ -109,11 +109,18 @@ def _load_hf_dataset(name: str, split: str):
 
 def tldr_prompts(tokenizer, dataset: str = "CarperAI/openai_summarize_tldr", split: str = "train",
                  max_prompt_length: int = 500, max_prompts: int | None = None, seed: int = 0) -> PromptDataset:
-    """TL;DR posts (column ``prompt``) with their reference summaries (column ``label``)."""
-    ds = _load_hf_dataset(dataset, split)
+    """TL;DR posts (column ``prompt``) with their reference summaries (column ``label``). ``dataset``: a hub
+    name, a ``save_to_disk`` dir or a local .json / .jsonl / .csv / .parquet file; one without splits holds
+    out its last 64 rows for the evaluation's split (:func:`rlhf_train.data.hf_prompts.holdout`)."""
+    from rlhf_train.data.hf_prompts import holdout, load_any
+
+    ds, has_splits = load_any(dataset, split)
+    ds = holdout(ds, has_splits, split, 64)
     for col in ("prompt", "label"):
         if col not in ds.column_names:
-            raise ConfigError(f"dataset '{dataset}' has no '{col}' column (has {ds.column_names}); set data.dataset")
+            raise ConfigError(f"dataset '{dataset}' has no '{col}' column (has {ds.column_names}); set data.dataset"
+                              + ("; prompts without reference summaries (or chat messages): data=prompts"
+                                 if col == "label" else ""))
     n = _limit(len(ds), max_prompts)
     ds = ds.shuffle(seed=seed).select(range(n)) if n < len(ds) else ds
     old_side, tokenizer.truncation_side = tokenizer.truncation_side, "left"

@@ -2,7 +2,8 @@
 
 A stage's output lives in ``${cache_dir}/stages/<stage>-<key>/``. :func:`stage_key` is 16 hex digits of
 sha256 over the stage's resolved config (without the keys in :data:`_NOT_HASHED`, which change where
-things are written or how progress is shown, never the result), the stage's code version
+things are written or how progress is shown, never the result; a local path counts by its files' names,
+sizes and mtimes, so a model or dataset overwritten in place is a new input), the stage's code version
 (:data:`STAGE_VERSIONS`: bump it when a stage's code changes what it produces) and the keys of the stages
 it consumes; :mod:`rlhf_train.pipeline.run` decides which config sections each stage hashes.
 
@@ -55,10 +56,49 @@ def _plain(node: Any) -> Any:
     return obj
 
 
+def _looks_like_path(value: str) -> bool:
+    return value.startswith(("/", "./", "../", "~")) or os.sep in value and os.path.exists(os.path.expanduser(value))
+
+
+def content_fingerprint(path: str, max_files: int = 20000) -> str:
+    """16 hex digits over the relative name, size and mtime of every file under ``path`` (or of the file):
+    the same path with other contents (a model or dataset overwritten in place) gets another key."""
+    path = os.path.expanduser(path)
+    rows = []
+    if os.path.isfile(path):
+        st = os.stat(path)
+        rows.append(("", st.st_size, st.st_mtime_ns))
+    else:
+        for root, dirs, files in os.walk(path):
+            dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+            for f in sorted(files):
+                full = os.path.join(root, f)
+                try:
+                    st = os.stat(full)
+                except OSError:
+                    continue
+                rows.append((os.path.relpath(full, path), st.st_size, st.st_mtime_ns))
+                if len(rows) >= max_files:
+                    break
+    return hashlib.sha256(json.dumps(rows).encode()).hexdigest()[:16]
+
+
+def _with_contents(obj: Any) -> Any:
+    """Every string of ``obj`` naming an existing local file or dir becomes ``"<path>@<content fingerprint>"``."""
+    if isinstance(obj, dict):
+        return {k: _with_contents(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_with_contents(v) for v in obj]
+    if isinstance(obj, str) and _looks_like_path(obj) and os.path.exists(os.path.expanduser(obj)):
+        return f"{obj}@{content_fingerprint(obj)}"
+    return obj
+
+
 def stage_key(stage: str, parts: dict[str, Any]) -> str:
-    """16 hex digits of sha256 over the stage's version and its (plain) config parts and input keys."""
-    payload = json.dumps({"stage": stage, "version": STAGE_VERSIONS[stage], **_plain(parts)}, sort_keys=True,
-                         default=str)
+    """16 hex digits of sha256 over the stage's version and its (plain) config parts and input keys.
+    Local inputs (model dirs, dataset files) count by their contents (names, sizes, mtimes), not their paths."""
+    payload = json.dumps(_with_contents({"stage": stage, "version": STAGE_VERSIONS[stage], **_plain(parts)}),
+                         sort_keys=True, default=str)
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 

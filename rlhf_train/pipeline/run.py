@@ -71,6 +71,8 @@ def rm_key(cfg: DictConfig, sft: str | None) -> str:
 def ppo_key(cfg: DictConfig, policy: str, reward: str) -> str:
     parts = {k: cfg[k] for k in ("tokenizer", "ref_model", "kl_controller", "transforms", "data", "rollout", "ppo",
                                  "optimizer", "scheduler", "trainer")}
+    if cfg.get("algorithm") is not None and cfg.algorithm.name != "ppo":  # (PPO's keys as before the group existed)
+        parts["algorithm"] = cfg.algorithm
     parts["policy"] = {k: v for k, v in _plain(cfg.policy).items() if k != "pretrained"}
     parts["reward_model"] = {k: v for k, v in _plain(cfg.reward_model).items() if k != "pretrained"}
     return stage_key("ppo", {**parts, "policy_from": policy, "reward_from": reward})
@@ -99,6 +101,10 @@ def preflight(cfg: DictConfig, plan: dict) -> None:
             except ConfigError as err:
                 if cfg.stage != "pipeline":
                     raise
+                if cfg.policy.pretrained:  # PPO starts from the given policy: the SFT stage runs for the RM's trunk
+                    raise ConfigError(f"{err} (the SFT stage runs only to give the reward model its trunk: or set "
+                                      f"reward_model.pretrained=<a reward model dir> to skip the SFT and RM "
+                                      f"stages)") from None
                 raise ConfigError(f"{err} (or set policy.pretrained=<an SFT model dir> to skip the SFT stage)") from None
         if cfg.sft.source == "tldr":
             load_text_dataset(cfg.sft.dataset, cfg.sft.train_split, "sft.dataset")
