@@ -141,3 +141,27 @@ def test_kill_resume_on_two_machines_preempt_resume_gives_the_uninterrupted_metr
     assert (res / "metrics.csv").read_text() == (ref / "metrics.csv").read_text()
     rows = _rows(ref)
     assert [int(r["iteration"]) for r in rows] == list(range(1, ITERATIONS + 1))
+
+
+def test_slurm_script_launches_one_launcher_per_node_and_requeues_on_143(tmp_path):
+    """slurm/rlhf_train.sbatch with stand-ins for ``srun`` (records the command, exits 143: preempted) and
+    ``scontrol`` (records the requeue; lists the nodes)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "srun").write_text(f'#!/bin/bash\nprintf "%s\\n" "$@" > {tmp_path}/srun.txt\nexit 143\n')
+    (bin_dir / "scontrol").write_text(f'#!/bin/bash\nif [ "$1" = show ]; then echo node7; echo node8; '
+                                      f'else echo "$@" >> {tmp_path}/scontrol.txt; fi\n')
+    for f in bin_dir.iterdir():
+        f.chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_NODELIST": "node[7-8]",
+           "SLURM_NNODES": "2", "SLURM_GPUS_ON_NODE": "4", "SLURM_JOB_ID": "99", "SLURM_JOB_NAME": "rlhf_train"}
+    out = subprocess.run(["bash", str(REPO / "slurm" / "rlhf_train.sbatch"), "+recipe=smoke", "task_name=a b"],
+                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 143, out.stderr
+    inner = " ".join((tmp_path / "srun.txt").read_text().splitlines()[-1].split())  # each node task's command
+    assert inner.startswith("python -m rlhf_train.tools.launch --config_file accelerate/multi_gpu.yaml")
+    for part in ("--num_machines 2", "--num_processes 8", "--machine_rank $SLURM_NODEID",
+                 "--main_process_ip node7", "-m rlhf_train trainer.resume=auto",
+                 "hydra.run.dir=outputs/slurm/rlhf_train-99", "+recipe=smoke", "task_name=a\\ b"):
+        assert part in inner, (part, inner)
+    assert (tmp_path / "scontrol.txt").read_text().split() == ["requeue", "99"]
