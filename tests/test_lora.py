@@ -109,6 +109,16 @@ def test_lora_llama_reference_for_free_and_merged_export_generates_the_same(tmp_
     assert not torch.equal(base_tokens, adapter_tokens)  # the adapter learned something the test can see
 
 
+def test_lora_with_a_critic_free_algorithm(tmp_path):
+    """GRPO (a reference in the loss, no value head): the same reference for free, first KL exactly 0."""
+    from rlhf_train.loop.trainer import train
+
+    out = train(make_cfg(*LORA, "algorithm=grpo", "rollout.num_samples=2", "trainer.num_iterations=1"), tmp_path)
+    assert out["history"][0]["objective/kl"] == 0.0 and out["rollout"].ref_model is out["policy"].lm
+    assert out["components"].ref_model is None and out["policy"].value_head is None
+    assert (tmp_path / "policy" / "adapter" / "adapter_model.safetensors").is_file()
+
+
 def test_lora_resume_gives_identical_metrics(tmp_path):
     from rlhf_train.loop.trainer import train
 
