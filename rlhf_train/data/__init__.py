@@ -1,7 +1,8 @@
 """Layer 3, data: generic prompt datasets (the ``data`` config group) and tokenizer factories
 (the ``tokenizer`` config group).
 
-``prompts`` holds ``PromptDataset``, synthetic and TL;DR prompts and their collate function;
+``prompts`` holds ``PromptDataset``, synthetic and TL;DR prompts and their collate function; ``hf_prompts``
+your prompts (``data=prompts``: text or chat messages from any ``datasets`` source, with their columns);
 ``tokenizers`` loads pretrained tokenizers and checks that a tokenizer has what the trainer needs.
 Task-specific data (the embedded default's movie reviews) lives in :mod:`rlhf_train.tasks`.
 

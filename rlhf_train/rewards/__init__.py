@@ -1,7 +1,8 @@
 """Layer 4, rewards: where the scalar reward of a rollout comes from and how it is shaped.
 
-``sources`` defines the seam (``RewardSource``: complete sequences in, one score per sequence out) and
-the reward-model source; ``transforms`` is the reward-shaping stack (reference log-prob, KL penalty,
+``sources`` defines the seam (``RewardSource``: complete sequences in, one score per sequence out), the
+reward-model and Python-function sources and their weighted sum; ``functions`` holds ready-made reward
+functions (final-answer match, regex, length penalty); ``transforms`` is the reward-shaping stack (reference log-prob, KL penalty,
 reward adjustments) as torchrl transforms; ``kl_controllers`` holds the constant and adaptive KL
 coefficient controllers.
 

@@ -1,0 +1,93 @@
+"""What Python reward functions cost, and what running them beside the reward model saves.
+
+rlhf_train calls each reward function once per batch in a worker thread, started before the reward models
+score the same batch on the calling thread (``rlhf_train/rewards/sources.py``: ``weighted_sum``); torch
+releases the GIL in its kernels, so a slow function (a verifier, a sandbox, a remote call) overlaps with the
+reward-model passes instead of adding to them. Measured here, one JSON line each:
+
+* ``final_answer_match_ms_per_row``: the ready-made math-verify answer check, per completion;
+* ``overlap``: a reward model pass (GPT-2 trunk, ``--layers`` x ``--width``, ``--batch`` rows of
+  ``--tokens`` tokens) and a function that sleeps ``--sleep`` s (stands for I/O-bound work), scored
+  one after the other (``sequential_s``: RM time + function time) and through ``weighted_sum``
+  (``overlapped_s``); ``saved_s`` is the difference.
+
+    python benchmarks/reward_functions.py
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+
+
+def sleeper(seconds: float):
+    def fn(prompts, completions, **_):
+        time.sleep(seconds)
+        return [0.0] * len(completions)
+    return fn
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--tokens", type=int, default=128)
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--width", type=int, default=256)
+    ap.add_argument("--sleep", type=float, default=0.5)
+    ap.add_argument("--repeats", type=int, default=3)
+    args = ap.parse_args()
+
+    from transformers import GPT2Config, GPT2Model
+
+    from rlhf_train.models.reward_model import RewardModel
+    from rlhf_train.rewards.functions import final_answer_match
+    from rlhf_train.rewards.sources import (
+        FunctionRewardSource,
+        RewardModelSource,
+        Sequences,
+        weighted_sum,
+    )
+
+    completions = [f"so the answer is {i}/{i + 1}" if i % 2 else f"\\boxed{{{i * 3}}}" for i in range(64)]
+    answers = [f"{i}/{i + 1}" if i % 3 else str(i * 3) for i in range(64)]
+    final_answer_match([], completions[:2], answer=answers[:2])  # imports and sympy warm-up
+    t0 = time.perf_counter()
+    final_answer_match([], completions, answer=answers)
+    print(json.dumps({"final_answer_match_ms_per_row": round(1000 * (time.perf_counter() - t0) / 64, 2),
+                      "rows": 64}))
+
+    torch.manual_seed(0)
+    trunk = GPT2Model(GPT2Config(n_layer=args.layers, n_embd=args.width, n_head=4, vocab_size=1000,
+                                 n_positions=max(args.tokens, 128), bos_token_id=0, eos_token_id=0))
+    rm = RewardModel(trunk, args.width).eval()
+
+    class Tok:  # the function source decodes tokens; a stand-in keeps this about timing
+        def batch_decode(self, rows, skip_special_tokens=False):
+            return [" ".join(map(str, r)) for r in rows]
+
+    ids = torch.randint(2, 1000, (args.batch, args.tokens))
+    seqs = Sequences(ids, torch.ones_like(ids, dtype=torch.bool), args.tokens // 2)
+    rm_source, fn_source = RewardModelSource(rm, 0), FunctionRewardSource(sleeper(args.sleep), Tok(), "slow")
+    sources = {"reward_model": (rm_source, 1.0), "slow": (fn_source, 1.0)}
+    weighted_sum(sources, seqs)  # warm-up (thread pool, allocator)
+    seq_t, ovl_t, rm_t = [], [], []
+    for _ in range(args.repeats):
+        t0 = time.perf_counter()
+        rm_source(seqs)
+        rm_t.append(time.perf_counter() - t0)
+        fn_source(seqs)
+        seq_t.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        weighted_sum(sources, seqs)
+        ovl_t.append(time.perf_counter() - t0)
+    print(json.dumps({"overlap": {
+        "batch": args.batch, "tokens": args.tokens, "rm_layers": args.layers, "rm_width": args.width,
+        "function_sleep_s": args.sleep, "threads": torch.get_num_threads(),
+        "rm_s": round(min(rm_t), 3), "sequential_s": round(min(seq_t), 3), "overlapped_s": round(min(ovl_t), 3),
+        "saved_s": round(min(seq_t) - min(ovl_t), 3)}}))
+
+
+if __name__ == "__main__":
+    main()
