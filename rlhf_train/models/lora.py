@@ -18,6 +18,7 @@ its adapter format is what users load (``PeftModel.from_pretrained``).
 """
 from __future__ import annotations
 
+import warnings
 from typing import Any, Callable
 
 from torch import nn
@@ -77,7 +78,9 @@ def apply_lora(lm: nn.Module, lora: Any, gradient_checkpointing: bool = False, k
                         target_modules=settings["target_modules"], fan_in_fan_out=fan_in_fan_out,
                         task_type="CAUSAL_LM")
     try:
-        model = get_peft_model(lm, config)
+        with warnings.catch_warnings():  # peft asks transformers 5 a deprecated attribute: not the user's business
+            warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+            model = get_peft_model(lm, config)
     except ValueError as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise ConfigError(f"{key}.target_modules={settings['target_modules']!r} does not fit this model "
