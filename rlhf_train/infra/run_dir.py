@@ -209,7 +209,12 @@ def lock_run_dir(run_dir: str | Path) -> RunDirLock:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
+        except OSError as err:
+            if not isinstance(err, BlockingIOError):  # a file system without locks (some NFS set-ups)
+                os.close(fd)
+                print(f"[rlhf_train] warning: cannot lock {path} ({err.strerror}): nothing stops a second run "
+                      f"from using this run dir at the same time", flush=True)
+                return RunDirLock(path, None)
             holder = os.pread(fd, 200, 0).decode(errors="replace").split()
             os.close(fd)
             who = f"PID {holder[0]} on {holder[1]}" if len(holder) >= 2 else "PID unknown"
@@ -240,6 +245,8 @@ def claim_run_dir(run_dir: Path, accelerator, resume: str | None, config_yaml: s
         try:
             check_writable(run_dir, "hydra.run.dir")  # probes with a temp file (os.access lies for root)
             run_dir.mkdir(parents=True, exist_ok=True)
+            if (run_dir / "checkpoints").is_dir():  # a read-only checkpoints dir fails now, not at the first save
+                check_writable(run_dir / "checkpoints", "hydra.run.dir")
             lock = lock_run_dir(run_dir)
             path = resolve_resume(resume, run_dir, config_yaml)
             old = checkpoint_dirs(run_dir)
