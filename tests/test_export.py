@@ -66,6 +66,13 @@ def test_plain_export_loads_and_generates_without_rlhf_train(tmp_path):
         assert got[name]["text"].strip() and got[name]["eos"] == tokenizer.eos_token_id
     assert got["export"]["text"] == got["checkpoint"]["text"]  # the last checkpoint holds the same model
 
+    # on request (`python -m rlhf_train.tools.export CKPT OUT`): the checkpoint's plain dir + the value head
+    from rlhf_train.tools.export import export_checkpoint
+
+    out_dir = export_checkpoint(ckpt.parent, tmp_path / "exported")
+    for name in ("model.safetensors", "value_head.safetensors"):
+        assert (out_dir / name).read_bytes() == (export / name).read_bytes(), name
+
 
 def test_export_replaces_an_older_one_atomically(tmp_path):
     from rlhf_train.models.export import export_policy

@@ -108,6 +108,16 @@ def test_lora_llama_reference_for_free_and_merged_export_generates_the_same(tmp_
     assert torch.equal(merged_tokens, adapter_tokens) and torch.equal(reloaded_tokens, adapter_tokens)
     assert not torch.equal(base_tokens, adapter_tokens)  # the adapter learned something the test can see
 
+    # on request, any checkpoint (the adapter) as the same merged export: `python -m rlhf_train.tools.export`
+    from safetensors.torch import load_file
+
+    from rlhf_train.tools.export import main
+
+    assert main([str(tmp_path / "run" / "checkpoints" / "iter_000002"), str(tmp_path / "exported")]) == 0
+    for name in ("model.safetensors", "value_head.safetensors", "adapter/adapter_model.safetensors"):
+        ours, theirs = load_file(tmp_path / "exported" / name), load_file(export / name)
+        assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours), name
+
 
 def test_lora_with_a_critic_free_algorithm(tmp_path):
     """GRPO (a reference in the loss, no value head): the same reference for free, first KL exactly 0."""
@@ -141,9 +151,14 @@ def test_lora_checkpoint_into_full_finetuning_is_one_line(tmp_path):
     from rlhf_train.loop.trainer import train
 
     train(make_cfg(*LORA, "trainer.num_iterations=1"), tmp_path / "lora")
+    ckpt = tmp_path / "lora" / "checkpoints" / "iter_000001"
     with pytest.raises(ConfigError, match=r"holds a LoRA adapter, but policy\.lora\.r is 0"):
-        train(make_cfg("logger=none", "trainer.num_iterations=2",
-                       f"trainer.resume={tmp_path / 'lora' / 'checkpoints' / 'iter_000001'}"), tmp_path / "full")
+        train(make_cfg("logger=none", "trainer.num_iterations=2", f"trainer.resume={ckpt}"), tmp_path / "full")
+    # its base model was built from policy.config (not saved): the export tool says where the merged model is
+    from rlhf_train.tools.export import export_checkpoint
+
+    with pytest.raises(ConfigError, match=r"built from policy\.config .*<run dir>/policy/"):
+        export_checkpoint(ckpt, tmp_path / "exported")
 
 
 @pytest.mark.parametrize("override, message", [
