@@ -165,3 +165,14 @@ def test_slurm_script_launches_one_launcher_per_node_and_requeues_on_143(tmp_pat
                  "hydra.run.dir=outputs/slurm/rlhf_train-99", "+recipe=smoke", "task_name=a\\ b"):
         assert part in inner, (part, inner)
     assert (tmp_path / "scontrol.txt").read_text().split() == ["requeue", "99"]
+
+
+def test_resume_check_launches_several_processes_through_the_launcher(tmp_path):
+    from rlhf_train.tools.resume_check import _command
+
+    cmd = _command(tmp_path / "run", 4, ["data.batch_size=4"], num_processes=2)
+    assert cmd[1:9] == ["-m", "rlhf_train.tools.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+                        "--mixed_precision"]
+    assert cmd[cmd.index("-m", 2):cmd.index("-m", 2) + 3] == ["-m", "rlhf_train", "+recipe=smoke"]
+    assert cmd[-2:] == ["data.batch_size=4", f"hydra.run.dir={tmp_path / 'run'}"]
+    assert _command(tmp_path / "run", 4, [])[1:3] == ["-m", "rlhf_train"]

@@ -3,6 +3,7 @@
     python -m rlhf_train.tools.resume_check                     # smoke recipe, 4 iterations, kill after 2
     python -m rlhf_train.tools.resume_check --iterations 6 --kill-after 3 --workdir /tmp/rc data.batch_size=16
     python -m rlhf_train.tools.resume_check --kill-during-write   # SIGKILL while checkpoint 3 is being written
+    python -m rlhf_train.tools.resume_check --num-processes 2     # each run: accelerate launch, 2 processes
 
 1. reference run: ``--iterations`` iterations, uninterrupted (``hydra.run.dir=<workdir>/reference``);
 2. the same run (``<workdir>/resumed``) with a checkpoint every iteration, killed with SIGKILL as soon as
@@ -13,8 +14,10 @@
 4. ``metrics.csv`` of 2+3 is compared with 1's, cell by cell, as text: exit 0 when identical, else 1
    with the cells that differ.
 
-``--recipe`` picks the recipe (default ``smoke``); any other arguments are Hydra overrides for all three
-runs. Logs of each run land next to its run dir (``<workdir>/<name>.log``).
+``--recipe`` picks the recipe (default ``smoke``); ``--num-processes N`` (N > 1) launches every run with
+``python -m rlhf_train.tools.launch --multi_gpu --num_processes N`` (gloo on a machine without GPUs) and
+kills the launcher's process group (its workers die with it); any other arguments are Hydra overrides for
+all three runs. Logs of each run land next to its run dir (``<workdir>/<name>.log``).
 """
 from __future__ import annotations
 
@@ -29,8 +32,13 @@ import time
 from pathlib import Path
 
 
-def _command(run_dir: Path, iterations: int, overrides: list[str], recipe: str = "smoke") -> list[str]:
-    return [sys.executable, "-m", "rlhf_train", f"+recipe={recipe}", "logger=csv", "trainer.num_threads=1",
+def _command(run_dir: Path, iterations: int, overrides: list[str], recipe: str = "smoke",
+             num_processes: int = 1) -> list[str]:
+    launch = [sys.executable, "-m", "rlhf_train"]
+    if num_processes > 1:
+        launch = [sys.executable, "-m", "rlhf_train.tools.launch", "--multi_gpu", "--num_processes", str(num_processes),
+                  "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "rlhf_train"]
+    return [*launch, f"+recipe={recipe}", "logger=csv", "trainer.num_threads=1",
             "trainer.progress_bar=false", "trainer.checkpoint_every=1", f"trainer.num_iterations={iterations}",
             *overrides, f"hydra.run.dir={run_dir}"]
 
@@ -38,7 +46,7 @@ def _command(run_dir: Path, iterations: int, overrides: list[str], recipe: str =
 def _start(name: str, workdir: Path, cmd: list[str]) -> subprocess.Popen:
     env = dict(os.environ, HYDRA_FULL_ERROR="1", OMP_NUM_THREADS="1")
     with open(workdir / f"{name}.log", "w") as log:  # the child keeps its own copy of the file descriptor
-        return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+        return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
 
 
 def _tail(workdir: Path, name: str, n: int = 15) -> str:
@@ -69,7 +77,7 @@ def compare_metrics(reference: Path, resumed: Path) -> list[str]:
 
 
 def run_check(workdir: str | Path, iterations: int = 4, kill_after: int = 2, overrides: list[str] = (),
-              timeout: float = 600.0, during_write: bool = False, recipe: str = "smoke") -> dict:
+              timeout: float = 600.0, during_write: bool = False, recipe: str = "smoke", num_processes: int = 1) -> dict:
     """Run the check (see the module docstring); returns ``dict(diffs, killed_at_rows, resumed_from)``."""
     if not 0 < kill_after < iterations:
         raise ValueError(f"need 0 < --kill-after ({kill_after}) < --iterations ({iterations})")
@@ -80,8 +88,9 @@ def run_check(workdir: str | Path, iterations: int = 4, kill_after: int = 2, ove
     deadline = time.monotonic() + timeout
 
     # 1 + 2. reference and to-be-killed runs side by side
-    ref = _start("reference", workdir, _command(ref_dir, iterations, overrides, recipe))
-    victim = _start("killed", workdir, _command(res_dir, iterations, overrides, recipe))
+    ref = _start("reference", workdir, _command(ref_dir, iterations, overrides, recipe, num_processes))
+    victim = _start("killed", workdir, _command(res_dir, iterations, overrides, recipe, num_processes))
+    resumed = None
     marker = res_dir / "checkpoints" / (f".tmp-iter_{kill_after + 1:06d}" if during_write else
                                         f"iter_{kill_after:06d}/COMPLETE")
     try:
@@ -92,20 +101,21 @@ def run_check(workdir: str | Path, iterations: int = 4, kill_after: int = 2, ove
             if time.monotonic() > deadline:
                 raise TimeoutError(f"no checkpoint {kill_after} after {timeout:.0f} s")
             time.sleep(0.005 if during_write else 0.02)
-        victim.send_signal(signal.SIGKILL)
+        os.killpg(victim.pid, signal.SIGKILL)  # the run (or its launcher; the workers die with it)
         victim.wait()
         killed_rows = len(_read(res_dir / "metrics.csv"))
 
         # 3. resume from the newest complete checkpoint
-        resumed = _start("resumed", workdir, _command(res_dir, iterations, overrides + ["trainer.resume=auto"], recipe))
+        resumed = _start("resumed", workdir, _command(res_dir, iterations, overrides + ["trainer.resume=auto"], recipe,
+                                                       num_processes))
         for name, proc in (("reference", ref), ("resumed", resumed)):
             rc = proc.wait(timeout=max(deadline - time.monotonic(), 1))
             if rc != 0:
                 raise RuntimeError(f"the {name} run failed (status {rc}):\n{_tail(workdir, name)}")
     finally:
-        for proc in (ref, victim):
-            if proc.poll() is None:
-                proc.kill()
+        for proc in (ref, victim, resumed):
+            if proc is not None and proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
     log = (workdir / "resumed.log").read_text(errors="replace")
     resumed_from = next((ln.strip() for ln in log.splitlines() if "resumed from" in ln), None)
@@ -122,12 +132,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workdir", default=None, help="where the two run dirs go (default: a new temp dir)")
     parser.add_argument("--kill-during-write", action="store_true",
                         help="SIGKILL while checkpoint KILL_AFTER+1 is being written (resume must use KILL_AFTER)")
+    parser.add_argument("--num-processes", type=int, default=1,
+                        help="processes per run (> 1: launched with rlhf_train.tools.launch; default 1)")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds for the whole check (default 600)")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides for every run")
     args = parser.parse_args(argv)
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="rlhf_resume_check_"))
     out = run_check(workdir, args.iterations, args.kill_after, args.overrides, args.timeout, args.kill_during_write,
-                    args.recipe)
+                    args.recipe, args.num_processes)
     when = f"while writing checkpoint {args.kill_after + 1}" if args.kill_during_write else \
         f"after checkpoint {args.kill_after}"
     print(f"killed with SIGKILL {when} ({out['killed_at_rows']} rows in metrics.csv); "
