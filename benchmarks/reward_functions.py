@@ -9,7 +9,11 @@ reward-model passes instead of adding to them. Measured here, one JSON line each
 * ``overlap``: a reward model pass (GPT-2 trunk, ``--layers`` x ``--width``, ``--batch`` rows of
   ``--tokens`` tokens) and a function that sleeps ``--sleep`` s (stands for I/O-bound work), scored
   one after the other (``sequential_s``: RM time + function time) and through ``weighted_sum``
-  (``overlapped_s``); ``saved_s`` is the difference.
+  (``overlapped_s``); ``saved_s`` is the difference;
+* ``rollout_scoring``: ``RolloutFromModel.create_rollout_td`` (reward sources, then the transform stack
+  with the reference pass: a GPT-2 of the same shape) with the sleeping function as the only source, in
+  order (``in_order_s``: the function's thread disabled) and with the reference pass running while the
+  function scores (``function_beside_reference_s``).
 
     python benchmarks/reward_functions.py
 """
@@ -87,6 +91,37 @@ def main() -> None:
         "function_sleep_s": args.sleep, "threads": torch.get_num_threads(),
         "rm_s": round(min(rm_t), 3), "sequential_s": round(min(seq_t), 3), "overlapped_s": round(min(ovl_t), 3),
         "saved_s": round(min(seq_t) - min(ovl_t), 3)}}))
+    # the rollout: with a function source, the reference pass runs while the function scores
+    from rlhf_train.models.policy import build_policy
+    from rlhf_train.rollout.rollout_from_model import RolloutFromModel
+
+    class FullTok(Tok):
+        eos_token_id, pad_token_id, bos_token_id = 0, 0, 0
+
+        def __len__(self):
+            return 1000
+
+    cfg = {"n_layer": args.layers, "n_embd": args.width, "n_head": 4, "n_positions": max(args.tokens, 128)}
+    policy, ref = build_policy(FullTok(), config=cfg), build_policy(FullTok(), config=cfg).lm
+    T = args.tokens // 2
+    times = {}
+    for threaded in (False, True):
+        fn = FunctionRewardSource(sleeper(args.sleep), Tok(), "slow")
+        fn.overlap = threaded
+        rollout = RolloutFromModel(policy, ref, None, tokenizer=FullTok(), max_new_tokens=T,
+                                   reward_sources={"slow": (fn, 1.0)})
+        lp = torch.zeros(args.batch, T)
+        rollout.create_rollout_td(None, ids, lp, prompt_len=args.tokens - T, values=lp)  # warm-up
+        best = []
+        for _ in range(args.repeats):
+            t0 = time.perf_counter()
+            rollout.create_rollout_td(None, ids, lp, prompt_len=args.tokens - T, values=lp)
+            best.append(time.perf_counter() - t0)
+        times[threaded] = min(best)
+    print(json.dumps({"rollout_scoring": {
+        "batch": args.batch, "tokens": args.tokens, "ref_layers": args.layers, "ref_width": args.width,
+        "function_sleep_s": args.sleep, "in_order_s": round(times[False], 3),
+        "function_beside_reference_s": round(times[True], 3), "saved_s": round(times[False] - times[True], 3)}}))
 
 
 if __name__ == "__main__":

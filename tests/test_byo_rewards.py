@@ -220,3 +220,29 @@ def test_a_raising_function_later_skips_its_batch_and_a_streak_stops_the_run(tmp
     _CALLS["n"] = 0
     with pytest.raises(FloatingPointError, match="2 batches in a row were skipped because a reward function failed"):
         train(compose([*base, "trainer.num_iterations=4", "trainer.max_consecutive_faults=2"]), run_dir=tmp_path / "b")
+
+
+def test_reference_pass_overlapping_a_function_gives_the_same_rollout():
+    """With a Python reward function the reference pass runs while the function scores (in its thread); the
+    rollout must be exactly the one computed in order (function, then the stack's reference pass)."""
+    from rlhf_train.models.loading import build_causal_lm
+    from rlhf_train.models.policy import build_policy
+    from rlhf_train.rewards.sources import FunctionRewardSource
+    from rlhf_train.rollout.rollout_from_model import RolloutFromModel
+
+    tok = chat_tokenizer()
+    torch.manual_seed(0)
+    policy = build_policy(tok, config={"n_layer": 1, "n_embd": 32, "n_head": 2, "n_positions": 64})
+    ref = build_causal_lm(None, {"n_layer": 1, "n_embd": 32, "n_head": 2, "n_positions": 64}, tok)
+    generated = torch.randint(4, len(tok), (3, 7))
+    outs, calls = [], []
+    for threaded in (True, False):
+        fn = FunctionRewardSource(lambda prompts, completions, **_: calls.append(1) or [1.0] * len(completions), tok)
+        fn.overlap = threaded
+        rollout = RolloutFromModel(policy, ref, None, tokenizer=tok, max_new_tokens=4, reward_sources={"f": (fn, 1.0)})
+        if threaded:
+            assert rollout._ref_transform_key() == ("ref_log_probs", "response")
+        outs.append(rollout.create_rollout_td(None, generated, prompt_len=3))
+    assert len(calls) == 2
+    for key in [("ref_log_probs", "response"), ("next", "kl"), ("next", "reward"), ("next", "score")]:
+        torch.testing.assert_close(outs[0].get(key), outs[1].get(key), rtol=0, atol=0)

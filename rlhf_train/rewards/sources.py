@@ -8,8 +8,9 @@ one of them): ``score = Σ_name weight · source(sequences)``, each source's raw
   ``AutoModelForSequenceClassification``), ``(input_ids, attention_mask) -> (rewards, end_scores)``;
 * :class:`FunctionRewardSource`: a Python function called once per batch as
   ``fn(prompts, completions, **columns) -> list[float | None]`` (TRL's ``reward_funcs`` signature;
-  ``None``: no reward for that sample). Functions run in a worker thread while the reward models run on
-  the calling thread (torch releases the GIL), so a slow function overlaps with the model passes.
+  ``None``: no reward for that sample). Functions run in a worker thread while the reward models and the
+  reference pass (:func:`score_sources`' ``during``) run on the calling thread (torch releases the GIL), so
+  a slow function overlaps with the model passes.
 
 ``None`` / NaN rows: as in TRL, the weighted sum skips a source's NaN for that row (``nansum``); a row that
 no source scored stays NaN, and the update leaves it out (``finite_rows`` in ``algorithms/base.py``).
@@ -86,10 +87,23 @@ def weighted_sum(sources: dict[str, tuple[RewardSource, float]], sequences: Sequ
 
     Sources that run in a thread (``overlap = True``: Python functions) start first and are joined after
     the others. A source's NaN (no reward) is skipped in that row's sum; a row with no finite score is NaN."""
+    total, parts, _ = score_sources(sources, sequences)
+    return total, parts
+
+
+def has_threaded(sources: dict[str, tuple[RewardSource, float]]) -> bool:
+    return any(getattr(source, "overlap", False) for source, _ in sources.values())
+
+
+def score_sources(sources: dict[str, tuple[RewardSource, float]], sequences: Sequences,
+                  during: Callable[[], Any] | None = None) -> tuple[torch.Tensor, TensorDict, Any]:
+    """:func:`weighted_sum`, plus ``during()`` (e.g. the reference pass) run on the calling thread while the
+    threaded sources (Python functions) score: ``(total, parts, during's result)``."""
     B, device = sequences.full.shape[0], sequences.full.device
     futures = {name: _pool().submit(source, sequences) for name, (source, _) in sources.items()
                if getattr(source, "overlap", False)}
     scores = {name: source(sequences) for name, (source, _) in sources.items() if name not in futures}
+    extra = during() if during is not None else None
     scores.update({name: f.result() for name, f in futures.items()})
     parts = TensorDict({name: scores[name] for name in sources}, batch_size=[B], device=device)
     total = torch.zeros(B, device=device)
@@ -97,10 +111,10 @@ def weighted_sum(sources: dict[str, tuple[RewardSource, float]], sequences: Sequ
     for name, (_, weight) in sources.items():
         x = parts[name].float()
         if len(sources) == 1:  # one source: its NaN / inf is the row's score (a fault the update counts)
-            return float(weight) * x, parts
+            return float(weight) * x, parts, extra
         total = total + float(weight) * x.nan_to_num(nan=0.0, posinf=torch.inf, neginf=-torch.inf)
         seen |= ~torch.isnan(x)
-    return total.masked_fill(~seen, float("nan")), parts
+    return total.masked_fill(~seen, float("nan")), parts, extra
 
 
 _POOL = None

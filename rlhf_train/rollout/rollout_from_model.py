@@ -49,6 +49,8 @@ from rlhf_train.rewards.sources import (
     RewardModelSource,
     RewardSource,
     Sequences,
+    has_threaded,
+    score_sources,
     weighted_sum,
 )
 from rlhf_train.rewards.transforms import default_transform_stack
@@ -246,6 +248,15 @@ class RolloutFromModel:
         log_ratio = (log_probs - ref).masked_fill(~response_mask, 0.0)
         return full, log_probs.masked_fill(~response_mask, 0.0), log_ratio
 
+    def _ref_transform_key(self):
+        """The out key of the stack's reference-log-prob transform (None: the stack has none, or no reference)."""
+        from rlhf_train.rewards.transforms import ReferenceModelLogProbTransform
+
+        if self.ref_log_prob_fn is None:
+            return None
+        found = [t for t in getattr(self.transforms, "transforms", []) if isinstance(t, ReferenceModelLogProbTransform)]
+        return found[0].out_key if len(found) == 1 and found[0].ref_log_prob_fn is self.ref_log_prob_fn else None
+
     @staticmethod
     def _columns(batch, B: int) -> dict[str, list]:
         """``batch["columns"]`` (``{name: [b] values}``), each row repeated to the ``B`` rollouts (num_samples)."""
@@ -311,7 +322,12 @@ class RolloutFromModel:
         has_eos = (is_eos(response, self.eos_token_ids) & response_mask).any(-1)
 
         columns = self._columns(batch, B)  # the dataset's other columns (e.g. answer), one value per row
-        score, parts = weighted_sum(self.reward_sources, Sequences(generated, full_mask, prompt_len, columns))
+        # Python reward functions score in a worker thread; meanwhile the reference pass runs here (its
+        # transform then finds the log-probs in place), so a slow function does not serialise the rollout
+        ref_key = self._ref_transform_key() if log_ratio is None and has_threaded(self.reward_sources) else None
+        during = (lambda: self.ref_log_prob_fn(generated, full_mask, prompt_len)) if ref_key is not None else None
+        score, parts, ref_early = score_sources(self.reward_sources, Sequences(generated, full_mask, prompt_len, columns),
+                                                during)
         coef = self.kl_coef if kl_coef is None else float(kl_coef)
         td = TensorDict(
             {
@@ -330,6 +346,8 @@ class RolloutFromModel:
         )
         if values is not None and self.has_critic:
             td.set("values", values.masked_fill(~response_mask, 0.0))
+        if ref_early is not None:
+            td.set(ref_key, ref_early.to(device).masked_fill(~response_mask, 0.0))
         if log_ratio is not None:
             td.set(("ref_log_probs", "response"), (log_probs - log_ratio.reshape(B, T)).masked_fill(~response_mask, 0.0))
         elif self.ref_log_prob_fn is None:  # no reference: no KL (the stack has no ref_logprob / kl entries)
