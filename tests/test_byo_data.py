@@ -40,6 +40,16 @@ def test_chat_jsonl_gives_exactly_the_chat_template_tokens_and_columns_travel(tm
     assert batch["columns"]["answer"] == ["0", "1"] and batch["columns"]["messages"] == CHATS[:2]
 
 
+def test_text_prompts_as_chat(tmp_path):
+    from rlhf_train.data.hf_prompts import hf_prompts
+
+    tok = chat_tokenizer()
+    path = write_jsonl(tmp_path / "p.jsonl", [{"prompt": "w4 w5"}, {"prompt": "w6"}])
+    ds = hf_prompts(tok, str(path), text_as_chat=True, eval_holdout=0)
+    assert ds[1]["input_ids"].tolist() == tok.apply_chat_template(
+        [{"role": "user", "content": "w6"}], add_generation_prompt=True)["input_ids"]
+
+
 def test_columns_are_repeated_for_each_sample():
     from rlhf_train.rollout.rollout_from_model import RolloutFromModel
 

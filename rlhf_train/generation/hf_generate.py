@@ -79,7 +79,8 @@ class HFGenerateBackend:
     Args:
         model: the policy: a :class:`~rlhf_train.models.policy.PolicyWithValue` (its ``lm`` generates, its
             ``value_head`` gives values) or a plain causal LM (no values).
-        eos_token_id, pad_token_id: generation stops at EOS; the response is padded with ``pad_token_id``.
+        eos_token_id, pad_token_id: generation stops at EOS (one id, or a list: the first of any, e.g.
+            ``<|im_end|>`` and ``<|endoftext|>``); the response is padded with ``pad_token_id``.
         max_new_tokens: response length ``T``.
         sampling: the sampling distribution (:class:`~rlhf_train.core.sampling.SamplingParams`).
         do_sample: ``False`` = greedy decoding (deterministic tests; no log-probs from the steps).
@@ -87,7 +88,7 @@ class HFGenerateBackend:
         unwrap_fn: unwraps a DDP / FSDP / Accelerate-prepared model.
     """
 
-    def __init__(self, model, *, eos_token_id: int, pad_token_id: int, max_new_tokens: int,
+    def __init__(self, model, *, eos_token_id: int | list[int] | tuple[int, ...], pad_token_id: int, max_new_tokens: int,
                  sampling: SamplingParams = SamplingParams(), do_sample: bool = True, with_scores: bool = True,
                  unwrap_fn: Callable | None = None):
         self.model, self.eos_token_id, self.pad_token_id = model, eos_token_id, pad_token_id
