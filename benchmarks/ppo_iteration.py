@@ -1,4 +1,5 @@
-"""One PPO iteration of rlhf_train (rollout + update) on a randomly initialised GPT-2 built from config.
+"""One PPO iteration of rlhf_train (rollout + update) on a randomly initialised GPT-2 built from config
+(``--algorithm grpo|rloo|reinforce_pp --num-samples K``: one iteration of that algorithm at the same shapes).
 
 Runs the trainer's own code, step for step as ``rlhf_train.loop.trainer.train`` does it (see its numbered
 loop): the Hydra config is composed from ``conf/`` (``data=synthetic``, shapes as overrides), the
@@ -29,6 +30,13 @@ once; ``--gen-chunk 4`` does what the torchrl example does, 8 collection steps o
 
     python benchmarks/ppo_iteration.py --layers 2 --width 128 --vocab 50257 --batch 4 \\
         --new-tokens 50 --rollouts 32 --epochs 3 --minibatch 16
+
+GRPO at the same shapes: the same 32 rollouts per iteration, as 8 prompts × 4 samples (``algorithm.beta``
+0.04: a reference pass, no value head; ``--grpo-beta 0`` drops the reference too). The JSON then also
+holds ``algorithm`` and ``num_samples``:
+
+    python benchmarks/ppo_iteration.py --layers 2 --width 128 --vocab 50257 --batch 4 \\
+        --new-tokens 50 --rollouts 32 --epochs 3 --minibatch 16 --algorithm grpo --num-samples 4
 """
 from __future__ import annotations
 
@@ -44,7 +52,6 @@ import time
 from pathlib import Path
 
 import torch
-
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 
@@ -67,7 +74,7 @@ class StandInTokenizer:
 
 
 def compose_config(*, layers, width, heads, vocab, prompt_len, new_tokens, rollouts, epochs, minibatch, threads,
-                   seed, num_prompts=None):
+                   seed, num_prompts=None, algorithm="ppo", num_samples=1, extra=()):
     """The trainer's Hydra config for this shape (``conf/`` + overrides), type-checked by the schemas."""
     from hydra import compose, initialize_config_dir
 
@@ -81,7 +88,8 @@ def compose_config(*, layers, width, heads, vocab, prompt_len, new_tokens, rollo
         "stage=ppo", "policy=tiny_gpt2", "reward_model=tiny_gpt2", "data=synthetic", "logger=none",
         "kl_controller=adaptive",  # AdaptiveKLController(0.1, 6, 10000), as the torchrl example
         *[f"policy.{m}" for m in model], *[f"reward_model.{m}" for m in model],
-        f"data.batch_size={rollouts}", f"data.min_prompt_tokens={max(1, prompt_len // 2)}",
+        f"algorithm={algorithm}", f"rollout.num_samples={num_samples}", *extra,
+        f"data.batch_size={rollouts // num_samples}", f"data.min_prompt_tokens={max(1, prompt_len // 2)}",
         f"data.max_prompt_tokens={prompt_len}", f"data.max_prompts={num_prompts or rollouts}", f"data.seed={seed}",
         f"rollout.max_new_tokens={new_tokens}",
         f"ppo.num_epochs={epochs}", f"ppo.minibatch_size={minibatch}", "ppo.gamma=0.99", "ppo.lam=0.95",
@@ -128,12 +136,12 @@ class _GenerateTimer:
 
 def build(cfg, tokenizer):
     """Components from the config, as ``trainer.train`` builds them (minus logging/checkpoints)."""
-    from accelerate import Accelerator
     from accelerate.utils import set_seed
     from hydra.utils import instantiate
     from omegaconf import OmegaConf
 
     import rlhf_train.data.prompts  # noqa: F401  (as trainer.train does before instantiating cfg.data)
+    from accelerate import Accelerator
     from rlhf_train.loop.components import (
         build_algorithm,
         check_fits,
@@ -146,15 +154,17 @@ def build(cfg, tokenizer):
     validate_config(cfg)
     accelerator = Accelerator(cpu=True, gradient_accumulation_steps=cfg.ppo.gradient_accumulation_steps)
     set_seed(cfg.trainer.seed)
-    policy = instantiate(cfg.policy, tokenizer=tokenizer)
-    ref_model = instantiate(cfg.ref_model, policy=policy, tokenizer=tokenizer, device=None, _convert_="all")
+    algorithm, update_cfg, sampling = build_algorithm(cfg)
+    policy = instantiate(cfg.policy, tokenizer=tokenizer, value_head=algorithm.needs_critic)
+    ref_model = instantiate(cfg.ref_model, policy=policy, tokenizer=tokenizer, device=None, _convert_="all") \
+        if algorithm.needs_reference else None  # (GRPO with beta 0: none)
     reward_model = instantiate(cfg.reward_model, tokenizer=tokenizer, device=None)
     kl_controller = instantiate(cfg.kl_controller)
     data_kwargs = {k: v for k, v in cfg.data.items() if k not in ("batch_size", "num_workers")}
     dataset = instantiate(data_kwargs, tokenizer=tokenizer)
     check_fits(cfg, policy, dataset)
     optimizer = instantiate(OmegaConf.to_container(cfg.optimizer, resolve=True), params=policy.parameters())
-    updates = cfg.ppo.num_epochs * (cfg.data.batch_size // cfg.ppo.minibatch_size)
+    updates = cfg.ppo.num_epochs * (cfg.data.batch_size * cfg.rollout.num_samples // cfg.ppo.minibatch_size)
     lr_scheduler = make_lr_scheduler(cfg, optimizer, updates * cfg.trainer.num_iterations)
     policy, optimizer, lr_scheduler = accelerator.prepare(policy, optimizer, lr_scheduler)
     rollout = RolloutFromModel(
@@ -162,11 +172,12 @@ def build(cfg, tokenizer):
         score_clip=cfg.rollout.score_clip, tokenizer=tokenizer,
         temperature=cfg.rollout.temperature, top_k=cfg.rollout.top_k, top_p=cfg.rollout.top_p,
         do_sample=cfg.rollout.do_sample, logprob_batch_size=cfg.rollout.logprob_batch_size,
-        unwrap_fn=accelerator.unwrap_model,
+        unwrap_fn=accelerator.unwrap_model, num_samples=cfg.rollout.num_samples,
     )
+    entries = cfg.transforms if ref_model is not None else {
+        k: v for k, v in cfg.transforms.items() if k not in ("ref_logprob", "kl")}  # as build_rollout does
     rollout.transforms = build_transform_stack(
-        cfg.transforms, ref_log_prob_fn=rollout.ref_log_prob_fn, eos_token_id=rollout.eos_token_id)
-    algorithm, update_cfg, sampling = build_algorithm(cfg)
+        entries, ref_log_prob_fn=rollout.ref_log_prob_fn, eos_token_id=rollout.eos_token_id)
     return dict(cfg=cfg, accelerator=accelerator, policy=policy, optimizer=optimizer, lr_scheduler=lr_scheduler,
                 rollout=rollout, dataset=dataset, ppo_generator=torch.Generator().manual_seed(cfg.trainer.seed),
                 kl_controller=kl_controller, algorithm=algorithm, update_cfg=update_cfg, sampling=sampling)
@@ -187,7 +198,7 @@ def one_iteration(s: dict, prompts: dict, gen_chunk: int | None) -> dict:
         policy.eval()
         B = prompts["input_ids"].shape[0]
         chunk = gen_chunk or B
-        kl_coef = s["kl_controller"].coef
+        kl_coef = s["kl_controller"].coef if s["algorithm"].kl_in_reward else 0.0
         tds = [rollout.rollout_from_data({k: v[i:i + chunk] for k, v in prompts.items()}, kl_coef=kl_coef)
                for i in range(0, B, chunk)]
         td = tds[0] if len(tds) == 1 else torch.cat(tds)
@@ -200,7 +211,8 @@ def one_iteration(s: dict, prompts: dict, gen_chunk: int | None) -> dict:
         # 4. epochs over minibatches; 5. the KL controller steps once per iteration
         stats = minibatch_update(policy, s["optimizer"], s["lr_scheduler"], s["accelerator"], ro, s["algorithm"],
                                  s["sampling"], s["update_cfg"], s["ppo_generator"], {"skipped": 0, "consecutive": 0})
-        s["kl_controller"].update(ro.kl_per_sequence.float())
+        if s["algorithm"].kl_in_reward:
+            s["kl_controller"].update(ro.kl_per_sequence.float())
         t2 = time.perf_counter()
     finally:
         timer.remove()
@@ -250,12 +262,15 @@ class RLHFTrainBenchmark:
     def __init__(self, *, layers: int = 2, width: int = 128, heads: int = 4, vocab: int = 50257,
                  prompt_len: int = 64, new_tokens: int = 50, rollouts: int = 32, epochs: int = 3,
                  minibatch: int = 16, threads: int = 2, seed: int = 0, gen_chunk: int | None = None,
-                 max_iterations: int = 16):
+                 max_iterations: int = 16, algorithm: str = "ppo", num_samples: int = 1, extra=()):
         torch.set_num_threads(threads)
-        self.rollouts, self.gen_chunk = rollouts, gen_chunk
+        if rollouts % num_samples:
+            raise ValueError(f"--rollouts {rollouts} must be a multiple of --num-samples {num_samples}")
+        self.rollouts, self.gen_chunk, self.num_samples = rollouts, gen_chunk, num_samples
         self.cfg = compose_config(layers=layers, width=width, heads=heads, vocab=vocab, prompt_len=prompt_len,
                                   new_tokens=new_tokens, rollouts=rollouts, epochs=epochs, minibatch=minibatch,
-                                  threads=threads, seed=seed, num_prompts=rollouts * max_iterations)
+                                  threads=threads, seed=seed, num_prompts=rollouts * max_iterations,
+                                  algorithm=algorithm, num_samples=num_samples, extra=extra)
         tokenizer = StandInTokenizer(vocab)
         self.state = build(self.cfg, tokenizer)
         add_reference_continuations(self.state["dataset"], new_tokens, vocab, tokenizer.eos_token_id, seed)
@@ -266,7 +281,7 @@ class RLHFTrainBenchmark:
         """One iteration (steps 2-5) on the next ``rollouts`` prompts: the JSON fields."""
         from rlhf_train.data.prompts import collate
 
-        k, R = self.iterations, self.rollouts
+        k, R = self.iterations, self.rollouts // self.num_samples  # prompts (each sampled num_samples times)
         if (k + 1) * R > len(self.order):
             raise RuntimeError("RLHFTrainBenchmark: out of prompts; raise max_iterations")
         prompts = collate([self.state["dataset"][int(i)] for i in self.order[k * R:(k + 1) * R]])
@@ -280,6 +295,8 @@ class RLHFTrainBenchmark:
         flop = update_flops(self.state["accelerator"].unwrap_model(self.state["policy"]).lm, r["td"], self.cfg)
         return {
             "impl": "rlhf_train",
+            "algorithm": self.cfg.algorithm.name,
+            "num_samples": self.num_samples,
             "rollout_s": round(r["rollout_s"], 3),
             "generate_s": round(r["generate_s"], 3),
             "update_s": round(r["update_s"], 3),
@@ -305,7 +322,8 @@ def median_run(runs: list[dict]) -> dict:
 def run_rlhf_train_iteration(*, layers: int = 2, width: int = 128, heads: int = 4, vocab: int = 50257,
                              prompt_len: int = 64, batch: int = 4, new_tokens: int = 50, rollouts: int = 32,
                              epochs: int = 3, minibatch: int = 16, threads: int = 2, seed: int = 0,
-                             gen_chunk: int | None = None, warmup: int = 1, repeats: int = 1) -> dict:
+                             gen_chunk: int | None = None, warmup: int = 1, repeats: int = 1, algorithm: str = "ppo",
+                             num_samples: int = 1, extra=()) -> dict:
     """Build everything, run ``warmup`` untimed iterations, then time ``repeats`` more; returns the JSON
     dict of the median one (by ``total_s``).
 
@@ -315,7 +333,8 @@ def run_rlhf_train_iteration(*, layers: int = 2, width: int = 128, heads: int = 
     del batch  # the trainer generates all `rollouts` prompts of an iteration in one batch by default
     bench = RLHFTrainBenchmark(layers=layers, width=width, heads=heads, vocab=vocab, prompt_len=prompt_len,
                                new_tokens=new_tokens, rollouts=rollouts, epochs=epochs, minibatch=minibatch,
-                               threads=threads, seed=seed, gen_chunk=gen_chunk, max_iterations=warmup + repeats)
+                               threads=threads, seed=seed, gen_chunk=gen_chunk, max_iterations=warmup + repeats,
+                               algorithm=algorithm, num_samples=num_samples, extra=extra)
     for _ in range(warmup):
         bench.run()
     runs = [bench.run() for _ in range(repeats)]
@@ -340,6 +359,10 @@ def parser() -> argparse.ArgumentParser:
                    help="prompts per generate call (default: all --rollouts at once)")
     p.add_argument("--warmup", type=int, default=1, help="untimed iterations before the timed ones")
     p.add_argument("--repeats", type=int, default=1, help="timed iterations; the median (by total_s) is printed")
+    p.add_argument("--algorithm", default="ppo", help="ppo | grpo | rloo | reinforce_pp | reinforce_pp_baseline")
+    p.add_argument("--num-samples", type=int, default=1,
+                   help="completions per prompt (rollouts / this prompts per iteration; grpo / rloo need >= 2)")
+    p.add_argument("--grpo-beta", type=float, default=None, help="algorithm.beta (GRPO's KL in the loss; 0: no reference)")
     return p
 
 
@@ -348,7 +371,8 @@ def main(argv=None):
     print(json.dumps(run_rlhf_train_iteration(
         layers=a.layers, width=a.width, heads=a.heads, vocab=a.vocab, prompt_len=a.prompt_len, batch=a.batch,
         new_tokens=a.new_tokens, rollouts=a.rollouts, epochs=a.epochs, minibatch=a.minibatch, threads=a.threads,
-        seed=a.seed, gen_chunk=a.gen_chunk, warmup=a.warmup, repeats=a.repeats)))
+        seed=a.seed, gen_chunk=a.gen_chunk, warmup=a.warmup, repeats=a.repeats, algorithm=a.algorithm,
+        num_samples=a.num_samples, extra=[f"algorithm.beta={a.grpo_beta}"] if a.grpo_beta is not None else [])))
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """The docs agree with the code (issue 18, items 5 and 6).
 
 1. The README's metric glossary (the table under "## Metrics") names exactly the metrics a training run
-   logs: a 1-iteration smoke run in process, ``metrics.csv`` + ``timings.csv`` columns against the table.
+   logs: 1-iteration smoke runs in process (PPO, and GRPO for the critic-free metrics), ``metrics.csv`` +
+   ``timings.csv`` columns against the table.
    Template rows (``reward/<name>``) are checked against ``rollout_metrics`` with two reward sources.
 2. The run summaries' table (``sft/*``, ``rm/*``, ``summary.json`` keys) names what the pipeline writes.
 3. Every metric a recipe card (``recipes/*.md``) names is in one of those tables.
@@ -10,7 +11,7 @@
    recipe added as ``__main__`` adds it; a sweep ``-m`` composes with the first value of each swept key).
 5. The README's set-up block holds the one-line command ``.ci/run`` runs, and the CPU-only commands.
 
-Budget: ~10 s on 2 cores (the smoke run ~4 s, the compositions ~0.1 s each).
+Budget: ~10 s on 2 cores (the two smoke runs ~4 s each, the compositions ~0.1 s each).
 """
 from __future__ import annotations
 
@@ -66,14 +67,16 @@ def metrics_tables() -> tuple[set[str], set[str]]:
 def test_glossary_names_exactly_the_logged_metrics(tmp_path):
     from rlhf_train.loop.trainer import train
 
-    cfg = make_cfg("trainer.num_iterations=1", "data.max_prompts=4", "ppo.num_epochs=1",
-                   "trainer.checkpoint_every=100")
-    assert cfg.ppo.max_grad_norm is not None  # policy/grad_norm is logged only with gradient clipping
-    train(cfg, tmp_path)
     logged = set()
-    for name in ("metrics.csv", "timings.csv"):
-        with open(tmp_path / name, newline="") as f:
-            logged |= set(next(csv.reader(f))) - {"iteration"}
+    # PPO, and GRPO with the KL in the loss (its group, clip-range and KL-loss metrics): together every metric
+    for run, algorithm in (("ppo", []), ("grpo", ["algorithm=grpo", "rollout.num_samples=2", "data.batch_size=2"])):
+        cfg = make_cfg("trainer.num_iterations=1", "data.max_prompts=4", "ppo.num_epochs=1",
+                       "trainer.checkpoint_every=100", *algorithm)
+        assert cfg.ppo.max_grad_norm is not None  # policy/grad_norm is logged only with gradient clipping
+        train(cfg, tmp_path / run)
+        for name in ("metrics.csv", "timings.csv"):
+            with open(tmp_path / run / name, newline="") as f:
+                logged |= set(next(csv.reader(f))) - {"iteration"}
     glossary, _ = metrics_tables()
     concrete = {n for n in glossary if "<" not in n}
     assert logged == concrete, (f"logged but not in the README glossary: {sorted(logged - concrete)}; "
