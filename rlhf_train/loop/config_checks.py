@@ -25,20 +25,21 @@ WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_mo
                 "pytorch_model.bin.index.json", "adapter_model.safetensors")
 
 
-def check_added_keys(cfg: DictConfig) -> None:
-    """A key that a ``+`` override added to a section typed by a schema: Hydra accepts it, nothing reads it."""
-    for section in cfg:
-        node = cfg.get(section)
-        if section in UNCHECKED_SECTIONS or not OmegaConf.is_dict(node):
+def check_added_keys(cfg: DictConfig, prefix: str = "") -> None:
+    """A key that a ``+`` override added to a section typed by a schema (or to a typed sub-section, such as
+    ``policy.lora``): Hydra accepts it, nothing reads it."""
+    for key in cfg:
+        node, name = cfg.get(key), f"{prefix}{key}"
+        if name in UNCHECKED_SECTIONS or not OmegaConf.is_dict(node):
             continue
         schema = OmegaConf.get_type(node)
-        if not dataclasses.is_dataclass(schema):
-            continue
-        known = {f.name for f in dataclasses.fields(schema)}
-        extra = [k for k in node if k not in known]
-        if extra:
-            raise ConfigError(f"{section}.{extra[0]} is not a key of {section} (its keys: {', '.join(sorted(known))}); "
-                              f"remove the override (a '+' adds a key without checking it)")
+        if dataclasses.is_dataclass(schema):
+            known = {f.name for f in dataclasses.fields(schema)}
+            extra = [k for k in node if k not in known]
+            if extra:
+                raise ConfigError(f"{name}.{extra[0]} is not a key of {name} (its keys: {', '.join(sorted(known))}); "
+                                  f"remove the override (a '+' adds a key without checking it)")
+        check_added_keys(node, f"{name}.")
 
 
 def check_ranges(cfg: DictConfig) -> None:
