@@ -176,3 +176,26 @@ def test_resume_check_launches_several_processes_through_the_launcher(tmp_path):
     assert cmd[cmd.index("-m", 2):cmd.index("-m", 2) + 3] == ["-m", "rlhf_train", "+recipe=smoke"]
     assert cmd[-2:] == ["data.batch_size=4", f"hydra.run.dir={tmp_path / 'run'}"]
     assert _command(tmp_path / "run", 4, [])[1:3] == ["-m", "rlhf_train"]
+
+
+def test_die_with_parent_kills_the_child_when_its_parent_dies(tmp_path):
+    """A parent that starts a child (in a session of its own, as torch elastic does) and is SIGKILLed."""
+    import psutil
+
+    child = ("import time; from rlhf_train.infra.preemption import die_with_parent; "
+             "assert die_with_parent(); print('armed', flush=True); time.sleep(60)")
+    parent = (f"import subprocess, sys, time; p = subprocess.Popen([sys.executable, '-c', {child!r}], "
+              f"start_new_session=True); print(p.pid, flush=True); time.sleep(60)")
+    proc = subprocess.Popen([sys.executable, "-c", parent], cwd=REPO, stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(REPO)})
+    try:
+        pid = int(proc.stdout.readline())
+        assert proc.stdout.readline().strip() == "armed"  # the child shares its parent's stdout
+        kid = psutil.Process(pid)
+        proc.kill()
+        proc.wait()
+        gone, alive = psutil.wait_procs([kid], timeout=20)
+        assert not [p for p in alive if p.status() != psutil.STATUS_ZOMBIE], "the child outlived its parent"
+    finally:
+        if proc.poll() is None:
+            proc.kill()

@@ -62,7 +62,7 @@ PR_SET_PDEATHSIG = 1
 
 def die_with_parent(sig: int = signal.SIGKILL) -> bool:
     """Linux: have the kernel send ``sig`` to this process when its parent (the launcher) dies. Returns
-    whether it was set. Exits at once if the parent is already gone (re-parented to init)."""
+    whether it was set. Exits at once if the parent died while the request was being made."""
     if not sys.platform.startswith("linux"):
         return False
     import ctypes
@@ -74,7 +74,7 @@ def die_with_parent(sig: int = signal.SIGKILL) -> bool:
             return False
     except (OSError, AttributeError):
         return False
-    if os.getppid() != parent or parent == 1:  # the launcher died before the request took effect
+    if os.getppid() != parent:  # the launcher died before the request took effect (a launcher may be PID 1)
         os._exit(128 + int(sig))
     return True
 
