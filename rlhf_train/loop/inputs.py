@@ -137,7 +137,8 @@ def guarded_rollout(make_rollout, fault_state: dict, max_consecutive: int, accel
         flag = torch.tensor(float(failed), device=accelerator.device)
         failed = bool(accelerator.reduce(flag, "sum").item() > 0)
     if not failed:
-        fault_state["reward_consecutive"] = 0
+        if fault_state.get("reward_consecutive"):  # (the key exists only once a reward function has failed)
+            fault_state["reward_consecutive"] = 0
         return ro
     fault_state["reward_errors"] = fault_state.get("reward_errors", 0) + 1
     fault_state["reward_consecutive"] = fault_state.get("reward_consecutive", 0) + 1
