@@ -65,6 +65,16 @@ def gguf_to_dir(path: str, override: str = "policy.pretrained") -> str:
         import gguf  # noqa: F401  (transformers' GGUF reader needs it)
     except ImportError:
         raise ConfigError(f"{override}={path} is a GGUF file: it needs the 'gguf' package (pip install gguf)") from None
+    from filelock import FileLock
+
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    with FileLock(f"{out}.lock"):  # several processes (accelerate launch): one converts, the others wait
+        if not os.path.exists(os.path.join(out, "config.json")):
+            _convert(path, out)
+    return out
+
+
+def _convert(path: str, out: str) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -92,9 +102,10 @@ def gguf_to_dir(path: str, override: str = "policy.pretrained") -> str:
         plain.save_pretrained(tmp)
         tok.save_pretrained(tmp)
         del plain
-        os.replace(tmp, out) if not os.path.exists(out) else shutil.rmtree(tmp)
+        if os.path.exists(out):  # an incomplete leftover (no config.json)
+            shutil.rmtree(out)
+        os.replace(tmp, out)
     finally:
         if os.path.exists(tmp):
             shutil.rmtree(tmp, ignore_errors=True)
     log.info("[rlhf_train] converted %s in %.1f s", file, time.perf_counter() - t0)
-    return out
