@@ -240,7 +240,7 @@ def claim_run_dir(run_dir: Path, accelerator, resume: str | None, config_yaml: s
     every process otherwise."""
     from rlhf_train.infra.checkpoint import checkpoint_dirs, resolve_resume
 
-    outcome, lock = None, NO_LOCK
+    outcome, lock, crash = None, NO_LOCK, None
     if accelerator.is_main_process:
         try:
             check_writable(run_dir, "hydra.run.dir")  # probes with a temp file (os.access lies for root)
@@ -251,17 +251,22 @@ def claim_run_dir(run_dir: Path, accelerator, resume: str | None, config_yaml: s
             path = resolve_resume(resume, run_dir, config_yaml)
             old = checkpoint_dirs(run_dir)
             if path is None and old:
-                raise ConfigError(f"hydra.run.dir='{run_dir}' already holds checkpoints ({old[-1].name}, ...) of an "
-                                  f"earlier run: continue it with trainer.resume=auto, or give this run a new "
+                raise ConfigError(f"hydra.run.dir='{run_dir}' already holds checkpoints (newest: {old[-1].name}) of "
+                                  f"an earlier run: continue it with trainer.resume=auto, or give this run a new "
                                   f"hydra.run.dir")
             outcome = ("ok", str(path) if path else None)
-        except ConfigError as err:
+        except Exception as err:  # bad input: one line everywhere; anything else: raised here, a line elsewhere
             lock.release()
-            lock, outcome = NO_LOCK, ("error", str(err))
+            crash = None if isinstance(err, ConfigError) else err
+            lock, outcome = NO_LOCK, ("error" if crash is None else "crash", str(err))
     if accelerator.num_processes > 1:
         from accelerate.utils import broadcast_object_list
 
         outcome = broadcast_object_list([outcome], from_process=0)[0]
+    if crash is not None:
+        raise crash
     if outcome[0] == "error":
         raise ConfigError(outcome[1])
+    if outcome[0] == "crash":
+        raise RuntimeError(f"rank 0 failed to prepare the run dir: {outcome[1]}")
     return (Path(outcome[1]) if outcome[1] else None), lock
