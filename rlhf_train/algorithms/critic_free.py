@@ -118,7 +118,10 @@ class PolicyGradient:
 
     def loss(self, out: PolicyOutput, mb: Rollout) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         mask = mb.masks.response
-        agg = lambda x: aggregate_loss(x, mask, self.cfg.loss_agg, self.norm_length)  # noqa: E731
+
+        def agg(x: torch.Tensor) -> torch.Tensor:
+            return aggregate_loss(x, mask, self.cfg.loss_agg, self.norm_length)
+
         pg, st = clipped_surrogate(out.log_probs, mb.sample_log_prob, mb.advantage, mask, self.clip_low,
                                    self.clip_high, self.cfg.ratio_level)
         pg_loss = agg(pg)
