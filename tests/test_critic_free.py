@@ -4,6 +4,7 @@
    and builds no reference model and no value head (no value-head parameters in the optimizer);
 2. RLOO on the smoke recipe: KL in the reward (controller steps), the group metrics, no critic;
 3. bad ``algorithm`` / ``rollout.num_samples`` combinations fail with one ConfigError line;
+   a NaN reward spoils only its group's rows (their minibatches are skipped, the others train);
 4. resume is exact for GRPO (2 iterations + resume to 3 == 3 straight);
 5. (slow) 2 processes × 4 prompts × 2 samples give the gradient of 1 process × 8 prompts × 2 samples
    with a per-sequence loss normaliser and batch whitening (REINFORCE++), and every group stays whole
@@ -14,6 +15,7 @@ Budget: ~20 s in process on 2 quiet cores (+ ~60 s for the slow 2-process test).
 from __future__ import annotations
 
 import csv
+import math
 import sys
 
 import pytest
@@ -73,6 +75,20 @@ def test_rloo_smoke_kl_in_the_reward(tmp_path):
                                   if n is None]
 
 
+def test_grpo_nan_reward_skips_only_its_group(tmp_path, monkeypatch):
+    from rlhf_train.loop.trainer import train
+    from tests.test_faults import _nan_scores_from
+
+    _nan_scores_from(monkeypatch, iteration=2)  # the first sample of the first prompt, from iteration 2 on
+    out = train(make_cfg("algorithm=grpo", "rollout.num_samples=2", "algorithm.scale_rewards=batch",
+                         "trainer.num_iterations=2", "trainer.checkpoint_every=10"), tmp_path)
+    rows = list(csv.DictReader(open(tmp_path / "metrics.csv")))
+    # its group's 2 rows sit in 1 or 2 of the 4 minibatches of each of the 2 epochs: 2 to 4 skipped, not all 8
+    assert float(rows[0]["faults/skipped_updates"]) == 0 and 2 <= float(rows[1]["faults/skipped_updates"]) <= 4
+    assert all(math.isfinite(float(rows[1][k])) for k in ("loss/policy", "policy/clipfrac", "val/ratio"))
+    assert all(torch.isfinite(p).all() for p in out["policy"].parameters())
+
+
 # --------------------------------------------------------------------------- 3. one clear line for bad input
 @pytest.mark.parametrize("overrides, match", [
     (["algorithm=grpo"], "rollout.num_samples >= 2"),
@@ -103,6 +119,22 @@ def test_every_algorithm_option_composes_and_builds():
         algorithm = build_algorithm(cfg)[0]
         assert algorithm.needs_critic == (name == "ppo")
         assert algorithm.kl_in_reward == (name != "grpo")
+
+
+@pytest.mark.parametrize("variant", [
+    ["algorithm.scale_rewards=none", "algorithm.loss_agg=seq_mean_token_sum_norm"],      # Dr. GRPO
+    ["algorithm.loss_agg=token_mean", "algorithm.clip_low=0.2", "algorithm.clip_high=0.28"],  # DAPO
+    ["algorithm.ratio_level=sequence", "algorithm.clip_low=0.0003", "algorithm.clip_high=0.0004"],  # GSPO
+], ids=["dr_grpo", "dapo", "gspo"])
+def test_grpo_loss_variants_train(tmp_path, variant):
+    from rlhf_train.loop.trainer import train
+
+    out = train(make_cfg("algorithm=grpo", "rollout.num_samples=2", "trainer.num_iterations=1",
+                         "trainer.checkpoint_every=10", *variant), tmp_path)
+    m = out["metrics"]
+    assert all(math.isfinite(float(m[k])) for k in ("loss/policy", "loss/kl", "policy/clipfrac_low",
+                                                     "policy/clipfrac_high", "reward/group_std"))
+    assert abs(float(m["val/first_ratio"]) - 1) < 1e-5 and float(m["faults/skipped_updates"]) == 0
 
 
 # --------------------------------------------------------------------------- 4. exact resume

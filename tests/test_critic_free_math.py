@@ -69,6 +69,16 @@ def test_group_normalised_advantage_batch_and_no_scale():
         group_normalized_advantage(SCORES, 4)
 
 
+def test_a_faulty_score_spoils_only_its_group():
+    scores = torch.tensor([1.0, float("nan"), 3.0, 1.0, 2.0, 3.0])
+    for scale in ("group", "batch", "none"):
+        adv = group_normalized_advantage(scores, 3, scale)
+        assert torch.isnan(adv[:3]).all() and torch.isfinite(adv[3:]).all(), scale
+    # batch std over the 5 finite scores (1, 3, 1, 2, 3): mean 2, squared deviations 1 + 1 + 1 + 0 + 1 = 4,
+    # unbiased variance 4 / 4 = 1 -> the second group's (-1, 0, 1) / 1
+    assert torch.allclose(group_normalized_advantage(scores, 3, "batch")[3:], torch.tensor([-1.0, 0.0, 1.0]))
+
+
 def test_batch_scale_over_two_processes_equals_one():
     # each process holds one group; the batch std must be the one of all six scores
     parts = run_two_processes(lambda x, red: group_normalized_advantage(x, 3, "batch", all_reduce_sum=red),

@@ -77,7 +77,8 @@ def group_normalized_advantage(scores: Tensor, group_size: int, scale: str = "gr
         batch: (r_i − mean_g) / (std_B + eps)      std_B the unbiased std of all processes' scores
         none:  (r_i − mean_g)                      Dr. GRPO (Liu et al. 2025, §3.1: no std normalisation)
 
-    A group whose rewards are all equal gets 0 for every sample (no signal), never NaN.
+    A group whose rewards are all equal gets 0 for every sample (no signal), never NaN. A non-finite score
+    makes its own group's advantages non-finite (the update skips those rows) and is left out of std_B.
     ``all_reduce_sum`` (``scale="batch"`` only) sums a tensor over processes (``None``: one process).
     """
     g = _groups(scores, group_size)
@@ -90,10 +91,11 @@ def group_normalized_advantage(scores: Tensor, group_size: int, scale: str = "gr
     if scale == "batch":
         reduce = all_reduce_sum if all_reduce_sum is not None else (lambda t: t)
         acc = torch.float64 if scores.device.type != "mps" else torch.float32
-        s = scores.to(acc)
-        first = reduce(torch.stack([s.sum(), torch.tensor(float(s.numel()), dtype=acc, device=s.device)]))
+        ok = torch.isfinite(scores)  # a faulty (NaN / inf) score spoils its own group only, not the batch std
+        s = torch.where(ok, scores.to(acc), torch.zeros((), dtype=acc, device=scores.device))
+        first = reduce(torch.stack([s.sum(), ok.sum().to(acc)]))
         mean, n = first[0] / first[1].clamp(min=1), first[1]
-        sq = reduce(((s - mean) ** 2).sum().reshape(1))[0]
+        sq = reduce(torch.where(ok, (s - mean) ** 2, 0.0).sum().reshape(1))[0]
         std = (sq / (n - 1).clamp(min=1)).sqrt().to(scores.dtype)
         return centred / (std + eps)
     raise ValueError(f"unknown scale {scale!r}; expected one of {', '.join(SCALE_REWARDS)}")
