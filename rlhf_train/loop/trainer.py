@@ -6,7 +6,8 @@
   1. next prompt batch (each process its own shard)
   2. rollout (``RolloutFromModel``): generate, score with the reward sources, one pass of the
      reference, the transform stack shapes the reward with the KL controller's current coefficient
-  3. advantages: the algorithm's estimator (PPO: GAE, whitened over all processes' tokens)
+  3. advantages: the algorithm's estimator (PPO: GAE, whitened over all processes' tokens; GRPO / RLOO:
+     group baselines over the ``rollout.num_samples`` samples of each prompt, on one process)
   4. update: epochs over minibatches of the algorithm's loss (:mod:`rlhf_train.algorithms.update`)
   5. KL controller: updated with the per-sequence KLs of all processes (the loop owns it)
   6. log metrics reduced over processes (main process only); checkpoint every N iterations
