@@ -159,3 +159,20 @@ def test_smollm2_from_gguf_trains_two_ppo_iterations(chat_data, tmp_path):
     assert len(out["history"]) == 2 and tok.eos_token == "<|im_end|>" and tok.chat_template
     assert out["rollout"].eos_token_ids == tuple(tok.convert_tokens_to_ids(["<|im_end|>", "<|endoftext|>"]))
     assert math.isfinite(out["metrics"]["loss/policy"])
+
+
+def test_any_architecture_builds_from_config_by_model_type():
+    """``policy.config`` with a ``model_type`` builds that architecture with random weights (benchmarks use
+    it for SmolLM2's shape); the vocabulary and special ids come from the tokenizer; a bad type is one line."""
+    from rlhf_train.infra.errors import ConfigError
+    from rlhf_train.models.loading import build_causal_lm
+
+    tok = chat_tokenizer()
+    lm = build_causal_lm(config={"model_type": "llama", "num_hidden_layers": 1, "hidden_size": 32,
+                                 "num_attention_heads": 2, "num_key_value_heads": 1, "intermediate_size": 64},
+                         tokenizer=tok)
+    assert type(lm).__name__ == "LlamaForCausalLM"
+    assert lm.config.vocab_size == len(tok) and lm.config.num_hidden_layers == 1
+    assert lm.config.eos_token_id == tok.eos_token_id
+    with pytest.raises(ConfigError, match="policy.config.model_type=nonsense"):
+        build_causal_lm(config={"model_type": "nonsense"}, tokenizer=tok)

@@ -86,7 +86,8 @@ def build_causal_lm(
     """A ``transformers`` causal LM: from ``pretrained`` (local dir or hub name) or built from ``config``.
 
     ``config`` holds ``GPT2Config`` keyword arguments (``n_layer``, ``n_embd``, ``n_head``,
-    ``n_positions``); its vocabulary size and special-token ids are taken from the tokenizer.
+    ``n_positions``), or, with a ``model_type`` key (``llama``, ``qwen2``, ...), that architecture's config
+    arguments; its vocabulary size and special-token ids are taken from the tokenizer.
     ``dropout`` (default 0: RLHF wants a deterministic policy, see the N+ implementation details)
     overrides every dropout probability of the model config. ``dtype``: ``float32`` | ``bfloat16``, the
     weights' dtype. Any ``transformers`` causal LM architecture loads (GPT-2, GPT-NeoX, Llama, Qwen2, Gemma, ...).
@@ -111,9 +112,22 @@ def build_causal_lm(
             cfg_kwargs["eos_token_id"] = tokenizer.eos_token_id
             cfg_kwargs["bos_token_id"] = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
             cfg_kwargs["pad_token_id"] = tokenizer.pad_token_id
-        if dropout is not None:
-            cfg_kwargs.update(resid_pdrop=dropout, embd_pdrop=dropout, attn_pdrop=dropout)
-        model = GPT2LMHeadModel(GPT2Config(**cfg_kwargs))
+        model_type = cfg_kwargs.pop("model_type", "gpt2")
+        if model_type == "gpt2":
+            if dropout is not None:
+                cfg_kwargs.update(resid_pdrop=dropout, embd_pdrop=dropout, attn_pdrop=dropout)
+            model = GPT2LMHeadModel(GPT2Config(**cfg_kwargs))
+        else:  # any architecture by its model_type (llama, qwen2, gpt_neox, gemma, ...), random weights
+            from transformers import AutoConfig
+
+            try:
+                lm_cfg = AutoConfig.for_model(model_type, **cfg_kwargs)
+            except ValueError as err:
+                raise ConfigError(f"{override_key.rsplit('.', 1)[0]}.config.model_type={model_type}: {err}") from None
+            for key in ("dropout", "attention_dropout", "hidden_dropout", "resid_pdrop", "embd_pdrop", "attn_pdrop"):
+                if dropout is not None and hasattr(lm_cfg, key):
+                    setattr(lm_cfg, key, dropout)
+            model = AutoModelForCausalLM.from_config(lm_cfg)
     _apply_special_tokens(model.config, tokenizer)
     _apply_special_tokens(model.generation_config, tokenizer, keep_eos=bool(pretrained))
     if dtype not in DTYPES:
