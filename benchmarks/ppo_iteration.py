@@ -15,10 +15,10 @@ Prints one JSON line: ``rollout_s`` (steps 2-3), ``generate_s`` (time inside the
 ``update_s`` (steps 4-5), ``total_s``, ``gen_tokens`` (response tokens, EOS included),
 ``tokens_per_s`` (gen_tokens / total_s), ``peak_rss_mb``; also ``rollout_peak_rss_mb`` (the process's
 peak at the end of the first rollout, before any update), ``cpu_s`` (process CPU time of the
-iteration), FLOP accounting of the update (``update_gflop``: LM head at the response positions + trunk
-over prompt + response, forward + backward; ``update_gflop_per_s``), the floor it is bound by
-(``head_matmul_gflop_per_s``: the head's three matmuls alone for one minibatch, measured right after
-the iteration, same threads) and ``first_ratio`` (the first
+iteration), the floor accounting (:mod:`flops`: ``rollout_gflop`` and ``update_gflop``, the matmul FLOPs
+of each; ``gemm_gflop_per_s``, this machine's rate on the iteration's largest GEMM, measured right after it
+in the same process; ``rollout_floor_ratio``, ``update_floor_ratio``, ``iteration_floor_ratio``: time / (FLOPs
+/ that rate), 1.0 = at the floor), ``update_gflop_per_s`` and ``first_ratio`` (the first
 minibatch's PPO ratio: 1). ``--warmup`` untimed iterations come first (default 1: a training run is
 many iterations); ``--repeats N`` times N iterations and prints the median one.
 
@@ -48,10 +48,14 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE"), os.environ.setdefault("THP_
 import argparse
 import json
 import resource
+import sys
 import time
 from pathlib import Path
 
 import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import flops  # noqa: E402  (benchmarks/ is not a package)
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 
@@ -74,8 +78,11 @@ class StandInTokenizer:
 
 
 def compose_config(*, layers, width, heads, vocab, prompt_len, new_tokens, rollouts, epochs, minibatch, threads,
-                   seed, num_prompts=None, algorithm="ppo", num_samples=1, extra=()):
-    """The trainer's Hydra config for this shape (``conf/`` + overrides), type-checked by the schemas."""
+                   seed, num_prompts=None, algorithm="ppo", num_samples=1, extra=(), llama=None):
+    """The trainer's Hydra config for this shape (``conf/`` + overrides), type-checked by the schemas.
+
+    ``llama``: ``{"kv_heads", "intermediate", "reward_model_dir"}`` for a Llama-architecture policy (SmolLM2's
+    shape) and a Llama sequence-classification reward model saved at ``reward_model_dir``; else GPT-2s."""
     from hydra import compose, initialize_config_dir
 
     from rlhf_train.config.schema import register_configs
@@ -84,10 +91,19 @@ def compose_config(*, layers, width, heads, vocab, prompt_len, new_tokens, rollo
     n_positions = max(1024, prompt_len + 2 * new_tokens)
     model = [f"config.n_layer={layers}", f"config.n_embd={width}", f"config.n_head={heads}",
              f"config.n_positions={n_positions}"]
+    models = ["policy=tiny_gpt2", "reward_model=tiny_gpt2", *[f"policy.{m}" for m in model],
+              *[f"reward_model.{m}" for m in model]]
+    if llama is not None:
+        models = ["policy=tiny_gpt2", *[f"~policy.config.{k}" for k in ("n_layer", "n_embd", "n_head", "n_positions")],
+                  "+policy.config.model_type=llama", f"+policy.config.num_hidden_layers={layers}",
+                  f"+policy.config.hidden_size={width}", f"+policy.config.num_attention_heads={heads}",
+                  f"+policy.config.num_key_value_heads={llama['kv_heads']}",
+                  f"+policy.config.intermediate_size={llama['intermediate']}",
+                  f"+policy.config.max_position_embeddings={n_positions}", "+policy.config.tie_word_embeddings=true",
+                  "reward_model=pretrained", f"reward_model.pretrained={llama['reward_model_dir']}"]
     overrides = [
-        "stage=ppo", "policy=tiny_gpt2", "reward_model=tiny_gpt2", "data=synthetic", "logger=none",
+        "stage=ppo", "data=synthetic", "logger=none", *models,
         "kl_controller=adaptive",  # AdaptiveKLController(0.1, 6, 10000), as the torchrl example
-        *[f"policy.{m}" for m in model], *[f"reward_model.{m}" for m in model],
         f"algorithm={algorithm}", f"rollout.num_samples={num_samples}", *extra,
         f"data.batch_size={rollouts // num_samples}", f"data.min_prompt_tokens={max(1, prompt_len // 2)}",
         f"data.max_prompt_tokens={prompt_len}", f"data.max_prompts={num_prompts or rollouts}", f"data.seed={seed}",
@@ -180,7 +196,8 @@ def build(cfg, tokenizer):
         entries, ref_log_prob_fn=rollout.ref_log_prob_fn, eos_token_id=rollout.eos_token_id)
     return dict(cfg=cfg, accelerator=accelerator, policy=policy, optimizer=optimizer, lr_scheduler=lr_scheduler,
                 rollout=rollout, dataset=dataset, ppo_generator=torch.Generator().manual_seed(cfg.trainer.seed),
-                kl_controller=kl_controller, algorithm=algorithm, update_cfg=update_cfg, sampling=sampling)
+                kl_controller=kl_controller, algorithm=algorithm, update_cfg=update_cfg, sampling=sampling,
+                reward_model=reward_model)
 
 
 def one_iteration(s: dict, prompts: dict, gen_chunk: int | None) -> dict:
@@ -222,47 +239,14 @@ def one_iteration(s: dict, prompts: dict, gen_chunk: int | None) -> dict:
             "cpu_s": cpu_s, "rollout_peak_rss_mb": rollout_rss / 1024, "gen_tokens": int(mask.sum()), "first_ratio": float(stats["val/first_ratio"]), "td": td}
 
 
-def head_matmul_gflop_per_s(width: int, vocab: int, tokens: int, repeats: int = 5) -> float:
-    """The floor: GFLOP/s of the LM head's three matmuls (forward ``W·hᵀ``, the two backward ones) for
-    ``tokens`` tokens (one PPO minibatch), median of ``repeats``, on this machine and thread count."""
-    h, w = torch.randn(tokens, width), torch.randn(vocab, width)
-    g_t = torch.randn(vocab, tokens)
-    out = torch.empty(vocab, tokens)
-
-    def three():
-        torch.mm(w, h.T, out=out)
-        g_t.T @ w
-        g_t @ h
-
-    three()
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        three()
-        times.append(time.perf_counter() - t)
-    return 3 * 2 * tokens * width * vocab / 1e9 / sorted(times)[repeats // 2]
-
-
-def update_flops(policy_lm, td, cfg) -> float:
-    """FLOPs of the PPO update: per minibatch row, forward + backward (×3) of the trunk over P+T tokens
-    (2·params_trunk per token) and of the LM head at the T response positions (2·width·vocab per token)."""
-    cfg_lm = policy_lm.config
-    width, vocab = cfg_lm.n_embd, cfg_lm.vocab_size
-    trunk_params = sum(p.numel() for n, p in policy_lm.named_parameters() if ".h." in f".{n}")
-    B, L = td["tokens", "full"].shape
-    T = td["masks", "response"].shape[1]
-    rows = cfg.ppo.num_epochs * (B // cfg.ppo.minibatch_size) * cfg.ppo.minibatch_size
-    per_row = 3 * (2 * trunk_params * L + 2 * width * vocab * T)
-    return float(rows * per_row)
-
-
 class RLHFTrainBenchmark:
     """Builds the trainer's components once; :meth:`run` times one more PPO iteration on fresh prompts."""
 
     def __init__(self, *, layers: int = 2, width: int = 128, heads: int = 4, vocab: int = 50257,
                  prompt_len: int = 64, new_tokens: int = 50, rollouts: int = 32, epochs: int = 3,
                  minibatch: int = 16, threads: int = 2, seed: int = 0, gen_chunk: int | None = None,
-                 max_iterations: int = 16, algorithm: str = "ppo", num_samples: int = 1, extra=()):
+                 max_iterations: int = 16, algorithm: str = "ppo", num_samples: int = 1, extra=(),
+                 arch: str = "gpt2", kv_heads: int = 3, intermediate: int = 1536):
         torch.set_num_threads(threads)
         if rollouts % num_samples:
             raise ValueError(f"--rollouts {rollouts} must be a multiple of --num-samples {num_samples}")
@@ -270,12 +254,30 @@ class RLHFTrainBenchmark:
         self.cfg = compose_config(layers=layers, width=width, heads=heads, vocab=vocab, prompt_len=prompt_len,
                                   new_tokens=new_tokens, rollouts=rollouts, epochs=epochs, minibatch=minibatch,
                                   threads=threads, seed=seed, num_prompts=rollouts * max_iterations,
-                                  algorithm=algorithm, num_samples=num_samples, extra=extra)
+                                  algorithm=algorithm, num_samples=num_samples, extra=extra,
+                                  llama=self._llama_reward_model(arch, layers, width, heads, kv_heads, intermediate,
+                                                                 vocab))
         tokenizer = StandInTokenizer(vocab)
         self.state = build(self.cfg, tokenizer)
         add_reference_continuations(self.state["dataset"], new_tokens, vocab, tokenizer.eos_token_id, seed)
         self.order = torch.randperm(len(self.state["dataset"]), generator=torch.Generator().manual_seed(seed))
         self.iterations = 0
+
+    def _llama_reward_model(self, arch, layers, width, heads, kv_heads, intermediate, vocab):
+        """``--arch llama``: a random Llama sequence classifier of the policy's shape, saved to a temp dir
+        (the reward model, as TRL's side has one); ``None`` for GPT-2."""
+        if arch == "gpt2":
+            return None
+        import tempfile
+
+        from transformers import AutoModelForSequenceClassification, LlamaConfig
+
+        self._tmp = tempfile.TemporaryDirectory()
+        cfg = LlamaConfig(num_hidden_layers=layers, hidden_size=width, num_attention_heads=heads,
+                          num_key_value_heads=kv_heads, intermediate_size=intermediate, vocab_size=vocab,
+                          num_labels=1, pad_token_id=vocab - 1, eos_token_id=vocab - 1, bos_token_id=vocab - 1)
+        AutoModelForSequenceClassification.from_config(cfg).save_pretrained(self._tmp.name)
+        return {"kv_heads": kv_heads, "intermediate": intermediate, "reward_model_dir": self._tmp.name}
 
     def run(self) -> dict:
         """One iteration (steps 2-5) on the next ``rollouts`` prompts: the JSON fields."""
@@ -287,12 +289,19 @@ class RLHFTrainBenchmark:
         prompts = collate([self.state["dataset"][int(i)] for i in self.order[k * R:(k + 1) * R]])
         self.iterations += 1
         r = one_iteration(self.state, prompts, self.gen_chunk)
-        lm_cfg = self.state["accelerator"].unwrap_model(self.state["policy"]).lm.config
-        self.head_rate = head_matmul_gflop_per_s(lm_cfg.n_embd, lm_cfg.vocab_size,
-                                                 self.cfg.ppo.minibatch_size * r["td"]["masks", "response"].shape[1])
+        policy_lm = self.state["accelerator"].unwrap_model(self.state["policy"]).lm
+        shape = flops.shape_of(policy_lm)
+        T = r["td"]["masks", "response"].shape[1]
+        self.gemm_rate = flops.gemm_gflop_per_s(shape["d"], shape["V"], self.cfg.ppo.minibatch_size * T)
         if k == 0:  # before any PPO update: setup + one rollout
             self.first_rollout_rss = r["rollout_peak_rss_mb"]
-        flop = update_flops(self.state["accelerator"].unwrap_model(self.state["policy"]).lm, r["td"], self.cfg)
+        rollout = self.state["rollout"]
+        B = r["td"].batch_size[0]
+        rows = self.cfg.ppo.num_epochs * (B // self.cfg.ppo.minibatch_size) * self.cfg.ppo.minibatch_size
+        gflop_rollout = flops.rollout_flops(policy_lm, rollout.ref_model, self.state["reward_model"], r["td"],
+                                            policy_pass=not rollout.backend.with_scores) / 1e9
+        gflop_update = flops.update_flops(policy_lm, r["td"], rows) / 1e9
+        floor = {k_: g / self.gemm_rate for k_, g in (("rollout", gflop_rollout), ("update", gflop_update))}
         return {
             "impl": "rlhf_train",
             "algorithm": self.cfg.algorithm.name,
@@ -306,9 +315,14 @@ class RLHFTrainBenchmark:
             "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
             "rollout_peak_rss_mb": round(self.first_rollout_rss, 1),  # process peak at the end of the first rollout
             "cpu_s": round(r["cpu_s"], 3),
-            "update_gflop": round(flop / 1e9, 1),
-            "update_gflop_per_s": round(flop / 1e9 / r["update_s"], 1),
-            "head_matmul_gflop_per_s": round(self.head_rate, 1),
+            # the floor: matmul FLOPs / the rate of this machine's largest GEMM (benchmarks/flops.py)
+            "rollout_gflop": round(gflop_rollout, 1),
+            "update_gflop": round(gflop_update, 1),
+            "gemm_gflop_per_s": round(self.gemm_rate, 1),
+            "update_gflop_per_s": round(gflop_update / r["update_s"], 1),
+            "rollout_floor_ratio": round(r["rollout_s"] / floor["rollout"], 2),
+            "update_floor_ratio": round(r["update_s"] / floor["update"], 2),
+            "iteration_floor_ratio": round(r["total_s"] / (floor["rollout"] + floor["update"]), 2),
             "first_ratio": round(r["first_ratio"], 6),
         }
 
@@ -323,7 +337,8 @@ def run_rlhf_train_iteration(*, layers: int = 2, width: int = 128, heads: int = 
                              prompt_len: int = 64, batch: int = 4, new_tokens: int = 50, rollouts: int = 32,
                              epochs: int = 3, minibatch: int = 16, threads: int = 2, seed: int = 0,
                              gen_chunk: int | None = None, warmup: int = 1, repeats: int = 1, algorithm: str = "ppo",
-                             num_samples: int = 1, extra=()) -> dict:
+                             num_samples: int = 1, extra=(), arch: str = "gpt2", kv_heads: int = 3,
+                             intermediate: int = 1536) -> dict:
     """Build everything, run ``warmup`` untimed iterations, then time ``repeats`` more; returns the JSON
     dict of the median one (by ``total_s``).
 
@@ -334,7 +349,8 @@ def run_rlhf_train_iteration(*, layers: int = 2, width: int = 128, heads: int = 
     bench = RLHFTrainBenchmark(layers=layers, width=width, heads=heads, vocab=vocab, prompt_len=prompt_len,
                                new_tokens=new_tokens, rollouts=rollouts, epochs=epochs, minibatch=minibatch,
                                threads=threads, seed=seed, gen_chunk=gen_chunk, max_iterations=warmup + repeats,
-                               algorithm=algorithm, num_samples=num_samples, extra=extra)
+                               algorithm=algorithm, num_samples=num_samples, extra=extra, arch=arch,
+                               kv_heads=kv_heads, intermediate=intermediate)
     for _ in range(warmup):
         bench.run()
     runs = [bench.run() for _ in range(repeats)]
@@ -359,6 +375,11 @@ def parser() -> argparse.ArgumentParser:
                    help="prompts per generate call (default: all --rollouts at once)")
     p.add_argument("--warmup", type=int, default=1, help="untimed iterations before the timed ones")
     p.add_argument("--repeats", type=int, default=1, help="timed iterations; the median (by total_s) is printed")
+    p.add_argument("--arch", choices=["gpt2", "llama"], default="gpt2",
+                   help="llama: a Llama policy (SmolLM2-135M's shape with --layers 30 --width 576 --heads 9 "
+                        "--vocab 49152) and a Llama sequence-classification reward model")
+    p.add_argument("--kv-heads", type=int, default=3, help="llama: key/value heads")
+    p.add_argument("--intermediate", type=int, default=1536, help="llama: MLP width")
     p.add_argument("--algorithm", default="ppo", help="ppo | grpo | rloo | reinforce_pp | reinforce_pp_baseline")
     p.add_argument("--num-samples", type=int, default=1,
                    help="completions per prompt (rollouts / this prompts per iteration; grpo / rloo need >= 2)")
@@ -372,7 +393,8 @@ def main(argv=None):
         layers=a.layers, width=a.width, heads=a.heads, vocab=a.vocab, prompt_len=a.prompt_len, batch=a.batch,
         new_tokens=a.new_tokens, rollouts=a.rollouts, epochs=a.epochs, minibatch=a.minibatch, threads=a.threads,
         seed=a.seed, gen_chunk=a.gen_chunk, warmup=a.warmup, repeats=a.repeats, algorithm=a.algorithm,
-        num_samples=a.num_samples, extra=[f"algorithm.beta={a.grpo_beta}"] if a.grpo_beta is not None else [])))
+        num_samples=a.num_samples, extra=[f"algorithm.beta={a.grpo_beta}"] if a.grpo_beta is not None else [],
+        arch=a.arch, kv_heads=a.kv_heads, intermediate=a.intermediate)))
 
 
 if __name__ == "__main__":
