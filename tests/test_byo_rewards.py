@@ -246,3 +246,26 @@ def test_reference_pass_overlapping_a_function_gives_the_same_rollout():
     assert len(calls) == 2
     for key in [("ref_log_probs", "response"), ("next", "kl"), ("next", "reward"), ("next", "score")]:
         torch.testing.assert_close(outs[0].get(key), outs[1].get(key), rtol=0, atol=0)
+
+
+def test_a_function_returning_none_never_makes_a_row_a_fault():
+    """None from a Python function = no reward from it: with it as the only source the row's score is 0
+    (TRL's nansum), not NaN (which the update would skip and count as a fault); a reward model's NaN stays a
+    fault."""
+    from rlhf_train.rewards.sources import Sequences, score_sources
+
+    class Fn:
+        overlap = True
+
+        def __call__(self, seqs):
+            return torch.tensor([1.0, float("nan"), 0.5])
+
+    class Model:
+        def __call__(self, seqs):
+            return torch.tensor([0.5, 0.5, float("nan")])
+
+    seqs = Sequences(torch.zeros(3, 4, dtype=torch.long), torch.ones(3, 4, dtype=torch.bool), 2)
+    total, _, _ = score_sources({"f": (Fn(), 2.0)}, seqs)
+    assert total.tolist() == [2.0, 0.0, 1.0]
+    total, _, _ = score_sources({"f": (Fn(), 1.0), "rm": (Model(), 1.0)}, seqs)
+    assert total[:2].tolist() == [1.5, 0.5] and math.isnan(total[2])

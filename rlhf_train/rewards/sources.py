@@ -12,8 +12,9 @@ one of them): ``score = Σ_name weight · source(sequences)``, each source's raw
   reference pass (:func:`score_sources`' ``during``) run on the calling thread (torch releases the GIL), so
   a slow function overlaps with the model passes.
 
-``None`` / NaN rows: as in TRL, the weighted sum skips a source's NaN for that row (``nansum``); a row that
-no source scored stays NaN, and the update leaves it out (``finite_rows`` in ``algorithms/base.py``).
+``None`` / NaN rows: as in TRL, the weighted sum skips a function's None (NaN) for that row (``nansum``: a row
+that no source rewards gets 0), so ``None`` never skips an update; a reward model's NaN is a fault: the row's
+score is NaN and the update skips that minibatch (``finite_rows`` in ``algorithms/base.py``).
 :func:`build_reward_sources` builds the dict from the config (``reward_model`` + ``rewards``);
 :func:`probe_reward_sources` scores one batch before training so that a broken source fails at start.
 A new kind of source goes in ``rlhf_train/rewards/<name>.py`` as a callable with :meth:`RewardSource.__call__`.
@@ -86,7 +87,8 @@ def weighted_sum(sources: dict[str, tuple[RewardSource, float]], sequences: Sequ
     """``(Σ_name weight · score_name [B], TensorDict of each source's raw score [B])``.
 
     Sources that run in a thread (``overlap = True``: Python functions) start first and are joined after
-    the others. A source's NaN (no reward) is skipped in that row's sum; a row with no finite score is NaN."""
+    the others. A Python function's NaN (it returned None: no reward) is left out of that row's sum (a row
+    no source rewards gets 0, as TRL's ``nansum``); a reward model's NaN makes the row's score NaN (a fault)."""
     total, parts, _ = score_sources(sources, sequences)
     return total, parts
 
@@ -107,14 +109,17 @@ def score_sources(sources: dict[str, tuple[RewardSource, float]], sequences: Seq
     scores.update({name: f.result() for name, f in futures.items()})
     parts = TensorDict({name: scores[name] for name in sources}, batch_size=[B], device=device)
     total = torch.zeros(B, device=device)
-    seen = torch.zeros(B, dtype=torch.bool, device=device)
-    for name, (_, weight) in sources.items():
+    fault = torch.zeros(B, dtype=torch.bool, device=device)
+    for name, (source, weight) in sources.items():
         x = parts[name].float()
-        if len(sources) == 1:  # one source: its NaN / inf is the row's score (a fault the update counts)
-            return float(weight) * x, parts, extra
-        total = total + float(weight) * x.nan_to_num(nan=0.0, posinf=torch.inf, neginf=-torch.inf)
-        seen |= ~torch.isnan(x)
-    return total.masked_fill(~seen, float("nan")), parts, extra
+        if getattr(source, "overlap", False):
+            # a Python function's NaN is its None, "no reward for this sample": left out of the row's sum, as
+            # TRL's nansum does (a row that no source rewards gets 0), never a fault that skips the update
+            x = x.nan_to_num(nan=0.0, posinf=torch.inf, neginf=-torch.inf)
+        else:  # a reward model's NaN is a fault: the row's score is NaN (the update skips and counts it)
+            fault |= torch.isnan(x)
+        total = total + float(weight) * x
+    return total.masked_fill(fault, float("nan")), parts, extra
 
 
 _POOL = None
