@@ -104,6 +104,7 @@ class MovieReviewsDataSchema:  # conf/data/movie_reviews.yaml -> tasks.movie_rev
     max_prompts: Optional[int] = None
     seed: int = 0
     prompt_baseline: bool = False
+    sentiment: str = "all"
 
 
 @dataclass
@@ -264,6 +265,7 @@ class EvaluationSchema:
     judge: bool = True
     plot: bool = True
     seed: int = 0
+    fluency_max_drop: float = 0.5
 
 
 @dataclass

@@ -47,7 +47,7 @@ def evaluate_policy(lm, ref_lm, reward_model, tokenizer, prompts, cfg: DictConfi
     was_training = lm.training
     lm.eval()
     torch.manual_seed(e.seed)  # the same sampling noise for every policy evaluated
-    out: dict[str, list] = {"prompt": [], "continuation": [], "score": [], "kl": []}
+    out: dict[str, list] = {"prompt": [], "continuation": [], "score": [], "kl": [], "ref_logprob": [], "length": []}
     for batch in DataLoader(prompts, batch_size=e.batch_size, shuffle=False, collate_fn=getattr(prompts, "collate", collate)):
         td = rollout.rollout_from_data(batch)
         tokens, masks = td["tokens"], td["masks"]
@@ -57,11 +57,15 @@ def evaluate_policy(lm, ref_lm, reward_model, tokenizer, prompts, cfg: DictConfi
         out["prompt"] += tokenizer.batch_decode(prompt.tolist(), skip_special_tokens=True)
         out["score"] += td["next", "score_raw"].float().tolist()
         out["kl"] += td["kl_per_sequence"].float().tolist()
+        out["ref_logprob"] += td["ref_log_probs", "response"].float().masked_fill(~masks.response, 0.0).sum(-1).tolist()
+        out["length"] += masks.response.sum(-1).tolist()
     lm.train(was_training)
     n = len(out["score"])
     scores = torch.tensor(out["score"])
     res: dict[str, Any] = {"num_prompts": n, "reward": float(scores.mean()), "reward_std": float(scores.std()),
-                           "kl_per_sequence": sum(out["kl"]) / n}
+                           "kl_per_sequence": sum(out["kl"]) / n,
+                           "fluency_logprob": sum(out["ref_logprob"]) / max(sum(out["length"]), 1),
+                           "repetition_rate": repetition_rate(out["continuation"])}
     if judge is not None:
         probs = judge.positive_prob(out["continuation"]).tolist()
         out["judge_prob"] = probs
@@ -69,6 +73,18 @@ def evaluate_policy(lm, ref_lm, reward_model, tokenizer, prompts, cfg: DictConfi
         res["judge_positive_rate_full"] = judge.positive_rate([p + c for p, c in zip(out["prompt"], out["continuation"])])
     res["per_prompt"] = out
     return res
+
+
+def repetition_rate(texts: list[str], n: int = 3) -> float:
+    """The fraction of word ``n``-grams of each text that repeat an earlier ``n``-gram of the same text,
+    averaged over texts (0: no repeated phrase; degenerate "great great great ..." text tends to 1)."""
+    rates = []
+    for text in texts:
+        words = text.split()
+        grams = [tuple(words[i:i + n]) for i in range(len(words) - n + 1)]
+        if grams:
+            rates.append(1.0 - len(set(grams)) / len(grams))
+    return sum(rates) / len(rates) if rates else 0.0
 
 
 def samples_table(before: dict, after: dict, n: int) -> list[dict]:
@@ -86,9 +102,9 @@ def samples_table(before: dict, after: dict, n: int) -> list[dict]:
     return rows
 
 
-def format_table(summary: dict) -> str:
-    """The short before/after table the pipeline prints."""
-    lines = [f"{'':34s}{'before (SFT)':>14s}{'after (PPO)':>14s}"]
+def format_table(summary: dict, initial: str = "SFT", algorithm: str = "PPO") -> str:
+    """The short before/after table the pipeline prints (``initial``: what the policy started from)."""
+    lines = [f"{'':34s}{f'before ({initial})':>14s}{f'after ({algorithm})':>14s}"]
 
     def row(label, before, after, fmt="{:.3f}"):
         b = "-" if before is None else fmt.format(before)
@@ -101,7 +117,10 @@ def format_table(summary: dict) -> str:
             summary["judge_positive_rate_after"])
         row("judge positive rate (prompt+cont.)", summary["judge_positive_rate_full_before"],
             summary["judge_positive_rate_full_after"])
-    row("KL per sequence vs SFT (nats)", summary["kl_per_sequence_before"], summary["kl_per_sequence"])
+    row(f"KL per sequence vs {initial} (nats)", summary["kl_per_sequence_before"], summary["kl_per_sequence"])
+    if "fluency_logprob_before" in summary:
+        row("log-lik./token under initial model", summary["fluency_logprob_before"], summary["fluency_logprob_after"])
+        row("repeated 3-gram rate", summary["repetition_rate_before"], summary["repetition_rate_after"])
     if summary.get("kl_target") is not None:
         lines.append(f"{'KL target (adaptive controller)':34s}{'':>14s}{summary['kl_target']:>14.3f}")
     lines.append(f"({summary['num_prompts']} held-out prompts from the '{summary['eval_split']}' split)")

@@ -286,6 +286,11 @@ def run_evaluation(cfg, run_dir: Path, tokenizer, judge, policy_dir: str, rm_dir
         "reward_std_before": before["reward_std"], "reward_std_after": after["reward_std"],
         "kl_per_sequence": after["kl_per_sequence"], "kl_per_sequence_before": before["kl_per_sequence"],
         "kl_target": kl_target, "num_prompts": before["num_prompts"], "eval_split": cfg.evaluation.split,
+        # fluency: mean log-likelihood per token of the samples under the initial policy; repeated 3-grams
+        "fluency_logprob_before": before["fluency_logprob"], "fluency_logprob_after": after["fluency_logprob"],
+        "repetition_rate_before": before["repetition_rate"], "repetition_rate_after": after["repetition_rate"],
+        "fluency_max_drop": cfg.evaluation.fluency_max_drop,
+        "fluency_within_bound": before["fluency_logprob"] - after["fluency_logprob"] <= cfg.evaluation.fluency_max_drop,
         "max_new_tokens": cfg.rollout.max_new_tokens, "temperature": cfg.rollout.temperature,
         "ppo_iterations": len(ppo_info.get("history", [])),
     }
@@ -298,7 +303,8 @@ def run_evaluation(cfg, run_dir: Path, tokenizer, judge, policy_dir: str, rm_dir
     summary["samples"] = samples_table(before, after, cfg.evaluation.num_samples_shown)
     if cfg.evaluation.plot and ppo_info.get("history"):
         summary["plot"] = str(plot_ppo_history(ppo_info["history"], run_dir / "ppo_curves.png", kl_target))
-    summary["table"] = format_table(summary)
+    algorithm = cfg.algorithm.name.upper() if cfg.get("algorithm") is not None else "PPO"
+    summary["table"] = format_table(summary, "SFT" if not cfg.policy.pretrained else "initial", algorithm)
     return summary
 
 
@@ -330,7 +336,11 @@ def run(cfg: DictConfig, run_dir: str | Path) -> float | None:
     preflight(cfg, plan)
     # 1. tokenizer (and, below, the judge)
     with timer("tokenizer"):
-        tokenizer = instantiate(cfg.tokenizer)
+        from rlhf_train.loop.inputs import build_tokenizer
+
+        # tokenizer.pretrained=null: the policy's own (SmolLM2's)
+        follows = "pretrained" in cfg.tokenizer and not cfg.tokenizer.pretrained and cfg.policy.pretrained
+        tokenizer = build_tokenizer(cfg, instantiate) if follows else instantiate(cfg.tokenizer)
     summary: dict[str, Any] = {"stage": cfg.stage}
     # 2. SFT
     sft_info = run_sft_stage(cfg, tokenizer, plan, timer) if plan["sft_key"] else None
@@ -350,7 +360,12 @@ def run(cfg: DictConfig, run_dir: str | Path) -> float | None:
         with timer("judge"):
             judge = train_judge(movie_review_splits(cfg.data.seed), cfg.cache_dir)
     # 4. PPO
-    policy_dir = str(cfg.policy.pretrained) if cfg.policy.pretrained else str(plan["sft_dir"])
+    if cfg.policy.pretrained:  # a local dir (a GGUF file or pkg:// path: its converted dir in the cache)
+        from rlhf_train.models.loading import check_loadable
+
+        policy_dir = check_loadable(cfg.policy.pretrained, "policy.pretrained", "policy")
+    else:
+        policy_dir = str(plan["sft_dir"])
     rm_dir = str(cfg.reward_model.pretrained) if cfg.reward_model.pretrained else str(plan["rm_dir"])
     ppo_info = run_ppo_stage(cfg, run_dir, plan, policy_dir, rm_dir, timer)
     summary.update({"sft": _strip_history(sft_info) if sft_info else {"from": policy_dir},
@@ -367,14 +382,18 @@ def run(cfg: DictConfig, run_dir: str | Path) -> float | None:
     for i, s in enumerate(summary["samples"]):
         print(f"\n[{i}] prompt: {s['prompt']!r}\n    before: {s['before']!r}\n    after:  {s['after']!r}", flush=True)
     value = summary.get("judge_positive_rate_after", summary["reward_after"])
-    return _finish(cfg, run_dir, summary, timer, t_start, value)
+    return _finish(cfg, run_dir, summary, timer, t_start, value, table)
 
 
-def _finish(cfg, run_dir: Path, summary: dict, timer: Timer, t_start: float, value):
+def _finish(cfg, run_dir: Path, summary: dict, timer: Timer, t_start: float, value, table: str | None = None):
     summary["timings"] = {**timer.rows, "total": {"wall_s": round(time.perf_counter() - t_start, 2),
                                                   "cpu_s": round(time.process_time(), 2)}}
     name = "summary.json" if cfg.stage == "pipeline" else f"{cfg.stage}_summary.json"
     _write_json(run_dir / name, summary)
+    if table is not None:  # report.md: the table, the plot and 10 before/after samples
+        from rlhf_train.pipeline.report import write_report
+
+        write_report(run_dir, {**summary, "table": table}, title=f"{cfg.task_name}: before / after")
     t = summary["timings"]["total"]
     print(f"\n[pipeline] stage={cfg.stage} done in {t['wall_s']:.0f} s wall ({t['cpu_s']:.0f} s CPU); "
           f"{name} in {run_dir}", flush=True)

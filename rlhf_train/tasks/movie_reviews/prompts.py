@@ -9,11 +9,17 @@ from __future__ import annotations
 from rlhf_train.data.prompts import PromptDataset, _limit
 from rlhf_train.infra.errors import ConfigError
 
+SENTIMENTS = ("all", "negative", "positive")
+
 
 def movie_review_prompts(tokenizer, split: str = "test", min_prompt_tokens: int = 8, max_prompt_tokens: int = 16,
                          max_prompts: int | None = None, seed: int = 0,
-                         prompt_baseline: bool = False) -> PromptDataset:
+                         prompt_baseline: bool = False, sentiment: str = "all") -> PromptDataset:
     """First 8–16 tokens of the reviews of one seeded split (default ``test``: never seen by RM or judge).
+
+    ``sentiment``: ``all`` reviews, or only the ``negative`` (or ``positive``) ones. The real-model
+    pipeline (``+recipe=smollm2_sentiment``) opens with negative reviews: a pretrained model continues
+    them mostly in their own tone, so turning them positive is a change a reader sees in the samples.
 
     ``prompt_baseline``: the prompt alone is also the "reference" sequence, so the reward-shaping stack's
     ``ReferenceBaseline`` pays ``RM(prompt + continuation) - RM(prompt)``: what the continuation added,
@@ -28,7 +34,11 @@ def movie_review_prompts(tokenizer, split: str = "test", min_prompt_tokens: int 
 
     if split not in SPLIT_NAMES:
         raise ConfigError(f"data.split='{split}' is not a movie-review split; choose one of {', '.join(SPLIT_NAMES)}")
+    if sentiment not in SENTIMENTS:
+        raise ConfigError(f"data.sentiment='{sentiment}' is not valid; choose one of {', '.join(SENTIMENTS)}")
     reviews = split_reviews(load_reviews("imdb"), seed=seed)[split]
+    if sentiment != "all":  # labels: 1 positive, 0 negative
+        reviews = [r for r in reviews if int(r.label) == int(sentiment == "positive")]
     reviews = reviews[: _limit(len(reviews), max_prompts)]
     p = prompts(tokenizer, reviews, min_tokens=min_prompt_tokens, max_tokens=max_prompt_tokens, seed=seed)
     if prompt_baseline:  # left-padded prompt as the reference sequence (the RM reads positions from the mask)
