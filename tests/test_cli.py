@@ -132,14 +132,14 @@ def test_help_says_how_to_run_and_lists_recipes_and_groups():
     assert listed == {g: {p.stem for p in (CONF / g).glob("*.yaml")} for g in groups}
     assert "_schema" not in "\n".join(lines) and "accelerate" not in listed
     # the embedded default's choices are starred; the accelerate configs are launcher files, not a group
-    assert "sentiment_gpt2*" in lines[lines.index(next(line for line in lines if line.startswith("  policy"))) + 1]
+    assert "smollm2_135m_instruct*" in lines[lines.index(next(line for line in lines if line.startswith("  policy"))) + 1]
     assert not (CONF / "accelerate").exists() and (ROOT / "accelerate" / "cpu_2proc.yaml").exists()
 
 
 def test_help_stars_the_options_of_the_given_recipe():
     lines = _section(_help("+recipe=smoke"), "Config groups")
     i = next(i for i, line in enumerate(lines) if line.startswith("  policy"))
-    assert "tiny_gpt2*" in lines[i + 1] and "sentiment_gpt2*" not in lines[i + 1]
+    assert "tiny_gpt2*" in lines[i + 1] and "smollm2_135m_instruct*" not in lines[i + 1]
 
 
 def test_hydra_help_stays_hydras_page_with_a_recipe_given():

@@ -254,7 +254,7 @@ def test_entry_point_without_arguments_resolves_to_the_default_recipe():
     assert hydra["runtime"]["choices"]["recipe"] == "default"
     assert hydra["overrides"]["task"] == ["+recipe=default"]
     assert printed == OmegaConf.to_container(compose(["+recipe=default"]))
-    assert printed["stage"] == "pipeline" and printed["task_name"] == "sentiment"
+    assert printed["stage"] == "pipeline" and printed["task_name"] == "sentiment_smollm2"
 
 
 @pytest.mark.parametrize("stage, overrides, group", [

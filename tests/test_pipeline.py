@@ -1,4 +1,5 @@
-"""The embedded-default pipeline (rlhf_train/pipeline/), shrunken: SFT -> RM -> PPO -> evaluation.
+"""The from-scratch pipeline (``+recipe=sentiment_scratch``, rlhf_train/pipeline/), shrunken: SFT -> RM -> PPO ->
+evaluation. (The embedded default, ``+recipe=default``, runs SmolLM2 instead: tests/test_real_default.py.)
 
 1. A few hundred rows, a few steps, a tiny model, a fixed seed: the pipeline writes summary.json (with
    the judge's rates, the RM score and the KL before/after), the plot, and PPO raises the RM score.
@@ -33,7 +34,7 @@ TINY = [
 
 
 def compose(*overrides: str):
-    """The composed config; the embedded default (``+recipe=default``) unless a recipe is given."""
+    """The composed config; the from-scratch pipeline (``+recipe=sentiment_scratch``) unless a recipe is given."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
@@ -43,8 +44,8 @@ def compose(*overrides: str):
 
     register_configs()
     GlobalHydra.instance().clear()
-    if not any(o.lstrip("+").startswith("recipe=") for o in overrides):  # as `python -m rlhf_train` does
-        overrides = ("+recipe=default", *overrides)
+    if not any(o.lstrip("+").startswith("recipe=") for o in overrides):
+        overrides = ("+recipe=sentiment_scratch", *overrides)
     with initialize_config_dir(config_dir=CONF, version_base="1.3"):
         return hydra_compose("config", overrides=list(overrides))
 

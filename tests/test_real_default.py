@@ -1,4 +1,4 @@
-"""The real-model pipeline (``+recipe=smollm2_sentiment``, recipes/smollm2_sentiment.md), offline and fast.
+"""The embedded default (``python -m rlhf_train`` = ``+recipe=default``, recipes/default.md), offline and fast.
 
 SmolLM2-135M-Instruct takes minutes per run on a CPU, so a tiny random Llama (built from config, with the
 embedded default's byte-level BPE as its tokenizer) stands in for it through the same recipe: policy from a
@@ -15,7 +15,7 @@ import pytest
 
 from tests.test_pipeline import compose
 
-RECIPE = "+recipe=smollm2_sentiment"
+RECIPE = "+recipe=default"
 
 
 def test_recipe_selects_the_real_model_and_no_sft():

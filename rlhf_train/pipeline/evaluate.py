@@ -104,12 +104,13 @@ def samples_table(before: dict, after: dict, n: int) -> list[dict]:
 
 def format_table(summary: dict, initial: str = "SFT", algorithm: str = "PPO") -> str:
     """The short before/after table the pipeline prints (``initial``: what the policy started from)."""
-    lines = [f"{'':34s}{f'before ({initial})':>14s}{f'after ({algorithm})':>14s}"]
+    w = max(14, len(initial) + 10, len(algorithm) + 9)  # column width: the headers fit
+    lines = [f"{'':34s}{f'before ({initial})':>{w}s}{f'after ({algorithm})':>{w}s}"]
 
     def row(label, before, after, fmt="{:.3f}"):
         b = "-" if before is None else fmt.format(before)
         a = "-" if after is None else fmt.format(after)
-        lines.append(f"{label:34s}{b:>14s}{a:>14s}")
+        lines.append(f"{label:34s}{b:>{w}s}{a:>{w}s}")
 
     row("reward-model score", summary["reward_before"], summary["reward_after"])
     if "judge_positive_rate_before" in summary:
@@ -122,7 +123,7 @@ def format_table(summary: dict, initial: str = "SFT", algorithm: str = "PPO") ->
         row("log-lik./token under initial model", summary["fluency_logprob_before"], summary["fluency_logprob_after"])
         row("repeated 3-gram rate", summary["repetition_rate_before"], summary["repetition_rate_after"])
     if summary.get("kl_target") is not None:
-        lines.append(f"{'KL target (adaptive controller)':34s}{'':>14s}{summary['kl_target']:>14.3f}")
+        lines.append(f"{'KL target (adaptive controller)':34s}{'':>{w}s}{summary['kl_target']:>{w}.3f}")
     lines.append(f"({summary['num_prompts']} held-out prompts from the '{summary['eval_split']}' split)")
     return "\n".join(lines)
 

@@ -18,7 +18,7 @@ def movie_review_prompts(tokenizer, split: str = "test", min_prompt_tokens: int 
     """First 8–16 tokens of the reviews of one seeded split (default ``test``: never seen by RM or judge).
 
     ``sentiment``: ``all`` reviews, or only the ``negative`` (or ``positive``) ones. The real-model
-    pipeline (``+recipe=smollm2_sentiment``) opens with negative reviews: a pretrained model continues
+    pipeline (the embedded default, ``conf/recipe/default.yaml``) opens with negative reviews: a pretrained model continues
     them mostly in their own tone, so turning them positive is a change a reader sees in the samples.
 
     ``prompt_baseline``: the prompt alone is also the "reference" sequence, so the reward-shaping stack's
