@@ -100,3 +100,14 @@ def test_negative_openings_only(tmp_path):
     assert len(neg) == sum(int(r.label) == 0 for r in val)
     with pytest.raises(ConfigError, match="data.sentiment='mixed'"):
         movie_review_prompts(tok, split="validation", sentiment="mixed")
+
+
+def test_bad_sentiment_fails_before_any_stage(tiny_llama, tmp_path):
+    from rlhf_train.infra.errors import ConfigError
+    from rlhf_train.pipeline.run import run
+
+    cfg = compose(RECIPE, f"policy.pretrained={tiny_llama}", f"cache_dir={tmp_path / 'cache'}", "logger=none",
+                  "data.sentiment=mixed")
+    with pytest.raises(ConfigError, match=r"data.sentiment='mixed' is not valid; choose one of all, negative, positive"):
+        run(cfg, tmp_path / "run")
+    assert not (tmp_path / "cache" / "stages").exists()  # no stage started

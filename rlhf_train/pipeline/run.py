@@ -1,8 +1,8 @@
-"""The embedded default: an offline RLHF pipeline, SFT -> reward model -> PPO -> evaluation.
+"""The offline RLHF pipelines: (SFT ->) reward model -> RL (PPO, GRPO, ...) -> evaluation.
 
-    python -m rlhf_train                          # stage=pipeline: all of it (the embedded default)
-    python -m rlhf_train +recipe=sentiment_sft    # stage=sft: the SFT stage only
-    python -m rlhf_train +recipe=sentiment_rm     # stage=rm: the reward model (after SFT, if not cached)
+    python -m rlhf_train                          # stage=pipeline: the embedded default (SmolLM2: RM -> GRPO)
+    python -m rlhf_train +recipe=sentiment_scratch  # stage=pipeline: SFT -> RM -> PPO from scratch
+    python -m rlhf_train +recipe=sentiment_sft    # stage=sft: the SFT stage only (sentiment_rm: stage=rm)
 
 ``run(cfg, run_dir)`` (``stage`` in ``pipeline | sft | rm``; ``ppo`` alone is :func:`rlhf_train.loop.trainer.train`):
 
@@ -15,12 +15,11 @@
   3. reward-model stage (:mod:`rlhf_train.pipeline.reward_training`). Skipped when ``reward_model.pretrained`` is set;
   4. PPO stage (:func:`rlhf_train.loop.trainer.train`, logging and checkpoints in the run dir);
   5. evaluation (:mod:`rlhf_train.pipeline.evaluate`): the policy before and after PPO on held-out prompts;
-     ``summary.json``, a printed table, sample continuations and ``ppo_curves.png`` in the run dir.
+     ``summary.json``, a printed table, samples, ``ppo_curves.png`` and ``report.md`` in the run dir.
 
-Stages 2-4 are cached (:mod:`rlhf_train.pipeline.cache`): :func:`sft_key`, :func:`rm_key` and
-:func:`ppo_key` say what each stage's output depends on. A stage's key includes the keys of the stages it
-consumes, so changing the SFT config re-runs SFT, PPO and (when it is built on the SFT trunk) the reward
-model, while changing only ``ppo.*`` re-runs PPO alone.
+Stages 2-4 are cached (:mod:`rlhf_train.pipeline.cache`): :func:`sft_key`, :func:`rm_key` and :func:`ppo_key`
+say what each stage's output depends on. A stage's key includes the keys of the stages it consumes, so changing
+the SFT config re-runs SFT, PPO and (when built on the SFT trunk) the RM; changing only ``ppo.*`` re-runs PPO.
 """
 from __future__ import annotations
 
@@ -36,6 +35,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from rlhf_train.infra.errors import ConfigError
+from rlhf_train.loop.inputs import build_tokenizer
 from rlhf_train.pipeline.cache import (
     Timer,
     _plain,
@@ -44,6 +44,7 @@ from rlhf_train.pipeline.cache import (
     stage_dir,
     stage_key,
 )
+from rlhf_train.tasks.movie_reviews.prompts import check_prompt_options
 
 log = logging.getLogger(__name__)
 
@@ -128,6 +129,8 @@ def preflight(cfg: DictConfig, plan: dict) -> None:
             check_loadable(cfg.reward_model.pretrained, "reward_model.pretrained", "reward model")
         if cfg.data.get("dataset"):
             load_text_dataset(cfg.data.dataset, cfg.data.split, "data.dataset")
+        if _is_movie_reviews(cfg):  # data.split / data.sentiment
+            check_prompt_options(cfg.data.split, cfg.data.get("sentiment", "all"))
     if cfg.stage == "pipeline" and cfg.evaluation.enabled:
         check_positive("evaluation", cfg.evaluation, ("num_prompts", "batch_size"))
         if cfg.data.get("dataset"):
@@ -286,7 +289,6 @@ def run_evaluation(cfg, run_dir: Path, tokenizer, judge, policy_dir: str, rm_dir
         "reward_std_before": before["reward_std"], "reward_std_after": after["reward_std"],
         "kl_per_sequence": after["kl_per_sequence"], "kl_per_sequence_before": before["kl_per_sequence"],
         "kl_target": kl_target, "num_prompts": before["num_prompts"], "eval_split": cfg.evaluation.split,
-        # fluency: mean log-likelihood per token of the samples under the initial policy; repeated 3-grams
         "fluency_logprob_before": before["fluency_logprob"], "fluency_logprob_after": after["fluency_logprob"],
         "repetition_rate_before": before["repetition_rate"], "repetition_rate_after": after["repetition_rate"],
         "fluency_max_drop": cfg.evaluation.fluency_max_drop,
@@ -336,8 +338,6 @@ def run(cfg: DictConfig, run_dir: str | Path) -> float | None:
     preflight(cfg, plan)
     # 1. tokenizer (and, below, the judge)
     with timer("tokenizer"):
-        from rlhf_train.loop.inputs import build_tokenizer
-
         # tokenizer.pretrained=null: the policy's own (SmolLM2's)
         follows = "pretrained" in cfg.tokenizer and not cfg.tokenizer.pretrained and cfg.policy.pretrained
         tokenizer = build_tokenizer(cfg, instantiate) if follows else instantiate(cfg.tokenizer)
