@@ -136,7 +136,8 @@ PPO_CURVES = (
 )
 
 
-def plot_ppo_history(history: list[dict], path: str | Path, kl_target: float | None = None) -> Path:
+def plot_ppo_history(history: list[dict], path: str | Path, kl_target: float | None = None, algorithm: str = "PPO",
+                     reference: str = "the SFT model") -> Path:
     """PNG: the score, shaped score and total reward (left) and the KL (right) per sequence over PPO
     iterations, means over each iteration's batch; the KL target of an adaptive controller, if any.
 
@@ -158,7 +159,7 @@ def plot_ppo_history(history: list[dict], path: str | Path, kl_target: float | N
         ys = [h.get(key, math.nan) for h in history]
         rewards += ys
         ax1.plot(it, ys, label=label, **curve_style(i, points=len(it)))
-    ax1.set(xlabel="PPO iteration", ylabel="per sequence (batch mean)", title="score and reward")
+    ax1.set(xlabel=f"{algorithm} iteration", ylabel="per sequence (batch mean)", title="score and reward")
     kls = [h.get("objective/kl", math.nan) for h in history]
     red = dict(curve_style(0, points=len(it)), color="tab:red", markeredgecolor="tab:red")
     ax2.plot(it, kls, label="objective/kl: KL(π‖π_ref) per sequence", **red)
@@ -166,8 +167,8 @@ def plot_ppo_history(history: list[dict], path: str | Path, kl_target: float | N
         ax2.axhline(kl_target, color="gray", ls="--", label=f"KL target {kl_target:g}")
         ax2.axhline(2 * kl_target, color="gray", ls=":", label="2 × KL target")
         kls += [kl_target, 2 * kl_target]
-    ax2.set(xlabel="PPO iteration", ylabel="nats per sequence (batch mean)",
-            title="KL to the reference policy (π_ref: the SFT model)")
+    ax2.set(xlabel=f"{algorithm} iteration", ylabel="nats per sequence (batch mean)",
+            title=f"KL to the reference policy (π_ref: {reference})")
     readable_axis(ax1.yaxis, rewards)
     readable_axis(ax2.yaxis, kls)
     for ax in (ax1, ax2):

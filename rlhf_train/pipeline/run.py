@@ -283,7 +283,7 @@ def run_evaluation(cfg, run_dir: Path, tokenizer, judge, policy_dir: str, rm_dir
         rm = build_reward_model(tokenizer=tokenizer, pretrained=rm_dir)
         before = evaluate_policy(ref, ref, rm, tokenizer, prompts, cfg, judge)
         after = evaluate_policy(after_lm, ref, rm, tokenizer, prompts, cfg, judge)
-    kl_target = cfg.kl_controller.get("target")
+    kl_target, algorithm = cfg.kl_controller.get("target"), cfg.algorithm.name.upper() if cfg.get("algorithm") else "PPO"
     summary = {
         "reward_before": before["reward"], "reward_after": after["reward"],
         "reward_std_before": before["reward_std"], "reward_std_after": after["reward_std"],
@@ -304,9 +304,9 @@ def run_evaluation(cfg, run_dir: Path, tokenizer, judge, policy_dir: str, rm_dir
                        judge_reads="continuation")
     summary["samples"] = samples_table(before, after, cfg.evaluation.num_samples_shown)
     if cfg.evaluation.plot and ppo_info.get("history"):
-        summary["plot"] = str(plot_ppo_history(ppo_info["history"], run_dir / "ppo_curves.png", kl_target))
-    algorithm = cfg.algorithm.name.upper() if cfg.get("algorithm") is not None else "PPO"
-    summary["table"] = format_table(summary, "SFT" if not cfg.policy.pretrained else "initial", algorithm)
+        summary["plot"] = str(plot_ppo_history(ppo_info["history"], run_dir / "ppo_curves.png", kl_target, algorithm,
+                                               "the initial model" if cfg.policy.pretrained else "the SFT model"))
+    summary["table"] = format_table(summary, "initial" if cfg.policy.pretrained else "SFT", algorithm)
     return summary
 
 
