@@ -1,7 +1,7 @@
 """The embedded default (``python -m rlhf_train`` = ``+recipe=default``, recipes/default.md), offline and fast.
 
 SmolLM2-135M-Instruct takes minutes per run on a CPU, so a tiny random Llama (built from config, with the
-embedded default's byte-level BPE as its tokenizer) stands in for it through the same recipe: policy from a
+small byte-level BPE as its tokenizer) stands in for it through the same recipe: policy from a
 pretrained dir (no SFT stage), the policy's own tokenizer, LoRA, GRPO, the MiniLM reward model stage, the
 judge, and the evaluation's outputs: summary.json (>= 20 before/after samples, the fluency measures and
 their bound), ppo_curves.png and report.md (table, plot, 10 samples). Budget: ~20 s on 2 quiet cores.
@@ -30,14 +30,17 @@ def test_recipe_selects_the_real_model_and_no_sft():
 
 @pytest.fixture(scope="module")
 def tiny_llama(tmp_path_factory) -> Path:
-    """A 1-layer width-32 Llama with the movie-review BPE (cached in the test's cache dir)."""
+    """A 1-layer width-32 Llama with a byte-level BPE of 512 tokens trained on 400 reviews."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from rlhf_train.tasks.movie_reviews.tokenizer import movie_reviews_tokenizer
+    from rlhf_train.data.tokenizers import validate_tokenizer
+    from rlhf_train.tasks.movie_reviews.bpe import train_tokenizer
+    from rlhf_train.tasks.movie_reviews.data import load_reviews
 
     cache = tmp_path_factory.mktemp("real_cache")
-    tok = movie_reviews_tokenizer(vocab_size=512, cache_dir=str(cache))
+    tok = validate_tokenizer(train_tokenizer([r.text for r in load_reviews("imdb")[:400]], vocab_size=512,
+                                             cache_dir=str(cache)), "tokenizer")
     cfg = AutoConfig.for_model("llama", vocab_size=len(tok), num_hidden_layers=1, hidden_size=32,
                                num_attention_heads=2, num_key_value_heads=1, intermediate_size=64,
                                max_position_embeddings=128, eos_token_id=tok.eos_token_id,
@@ -49,6 +52,7 @@ def tiny_llama(tmp_path_factory) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_tiny_stand_in_runs_the_recipe_and_reports(tiny_llama, tmp_path):
     from rlhf_train.pipeline.run import run
 
@@ -90,11 +94,11 @@ def test_repetition_rate_by_hand():
 
 def test_negative_openings_only(tmp_path):
     from rlhf_train.infra.errors import ConfigError
+    from rlhf_train.tasks.movie_reviews.bpe import train_tokenizer
     from rlhf_train.tasks.movie_reviews.data import load_reviews, split_reviews
     from rlhf_train.tasks.movie_reviews.prompts import movie_review_prompts
-    from rlhf_train.tasks.movie_reviews.tokenizer import movie_reviews_tokenizer
 
-    tok = movie_reviews_tokenizer(vocab_size=512, cache_dir=str(tmp_path))
+    tok = train_tokenizer([r.text for r in load_reviews("imdb")[:400]], vocab_size=512, cache_dir=str(tmp_path))
     neg = movie_review_prompts(tok, split="validation", sentiment="negative")
     val = split_reviews(load_reviews("imdb"), seed=0)["validation"]
     assert len(neg) == sum(int(r.label) == 0 for r in val)
