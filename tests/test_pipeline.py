@@ -80,6 +80,9 @@ def test_pipeline_learns_and_reports(first_run):
     assert 0 <= summary["judge_positive_rate_after"] <= 1 and value == summary["judge_positive_rate_after"]
     assert len(summary["samples"]) == 2 and {"prompt", "before", "after"} <= set(summary["samples"][0])
     assert (run_dir / "ppo_curves.png").stat().st_size > 1000
+    report = (run_dir / "report.md").read_text()  # the table names the SFT start and PPO; 2 samples here
+    assert "before (SFT)" in report and "after (PPO)" in report and report.count("- *after*") == 2
+    assert summary["fluency_within_bound"] in (True, False) and "repetition_rate_after" in summary
     assert summary["ppo_iterations"] == 8
     assert 0.0 <= summary["rm"]["rm/val_accuracy"] <= 1.0 and summary["sft"]["sft/val_loss"] > 0
     assert not any(row.get("reused") for row in summary["timings"].values())
