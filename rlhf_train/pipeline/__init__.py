@@ -1,4 +1,4 @@
-"""Layer 9, pipeline: the stages and the embedded default's SFT -> reward model -> PPO -> evaluation run.
+"""Layer 9, pipeline: the stages and the sentiment pipelines' (SFT ->) reward model -> RL -> evaluation run.
 
 ``stages`` dispatches on ``cfg.stage``; ``run`` chains the stages with a content-keyed stage cache
 (``cache``); ``sft`` and ``reward_training`` train the SFT policy and the reward model; ``evaluate``

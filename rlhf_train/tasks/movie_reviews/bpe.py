@@ -1,4 +1,4 @@
-"""The embedded default's tokenizer: a byte-level BPE trained locally on movie reviews, cached on disk.
+"""The from-scratch sentiment pipeline's tokenizer: a byte-level BPE trained locally on movie reviews, cached on disk.
 
 Trained with the ``tokenizers`` library (no network), wrapped as a ``transformers``
 ``PreTrainedTokenizerFast`` and saved under :func:`default_cache_dir` keyed by a hash of its recipe

@@ -5,7 +5,7 @@ from rlhf_train.data.tokenizers import validate_tokenizer
 
 
 def movie_reviews_tokenizer(vocab_size: int = 8192, cache_dir: str | None = None, seed: int = 0):
-    """The embedded default's byte-level BPE, trained on the ``sft_train`` reviews (cached)."""
+    """The from-scratch sentiment pipeline's byte-level BPE, trained on the ``sft_train`` reviews (cached)."""
     from rlhf_train.tasks.movie_reviews.bpe import train_tokenizer
     from rlhf_train.tasks.movie_reviews.data import load_reviews, split_reviews
 
