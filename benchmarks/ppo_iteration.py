@@ -11,7 +11,7 @@ components are instantiated from it, and one iteration is
   4. ``rlhf_train.algorithms.update.minibatch_update`` (``num_epochs`` × minibatches of ``--minibatch`` sequences),
   5. the KL controller's update with the per-sequence KLs.
 
-Prints one JSON line: ``rollout_s`` (steps 2-3), ``generate_s`` (time inside the LM's ``generate``),
+Prints one JSON line: ``rollout_s`` (steps 2-3), ``generate_s`` (time inside the generation backend),
 ``update_s`` (steps 4-5), ``total_s``, ``gen_tokens`` (response tokens, EOS included),
 ``tokens_per_s`` (gen_tokens / total_s), ``peak_rss_mb``; also ``rollout_peak_rss_mb`` (the process's
 peak at the end of the first rollout, before any update), ``cpu_s`` (process CPU time of the
@@ -132,10 +132,10 @@ def add_reference_continuations(dataset, new_tokens: int, vocab: int, special: i
 
 
 class _GenerateTimer:
-    """Wraps an LM's ``generate`` (instance attribute) and accumulates the seconds spent inside it."""
+    """Wraps a generation backend's ``generate`` (instance attribute) and accumulates the seconds spent inside it."""
 
-    def __init__(self, lm):
-        self.lm, self.seconds, self._orig = lm, 0.0, lm.generate
+    def __init__(self, backend):
+        self.lm, self.seconds, self._orig = backend, 0.0, backend.generate
 
         def timed(*args, **kwargs):
             t = time.perf_counter()
@@ -144,7 +144,7 @@ class _GenerateTimer:
             finally:
                 self.seconds += time.perf_counter() - t
 
-        lm.generate = timed
+        backend.generate = timed
 
     def remove(self):
         del self.lm.generate
@@ -189,6 +189,7 @@ def build(cfg, tokenizer):
         temperature=cfg.rollout.temperature, top_k=cfg.rollout.top_k, top_p=cfg.rollout.top_p,
         do_sample=cfg.rollout.do_sample, logprob_batch_size=cfg.rollout.logprob_batch_size,
         unwrap_fn=accelerator.unwrap_model, num_samples=cfg.rollout.num_samples,
+        hf_generate=cfg.rollout.hf_generate,
     )
     entries = cfg.transforms if ref_model is not None else {
         k: v for k, v in cfg.transforms.items() if k not in ("ref_logprob", "kl")}  # as build_rollout does
@@ -205,9 +206,8 @@ def one_iteration(s: dict, prompts: dict, gen_chunk: int | None) -> dict:
     from rlhf_train.algorithms.update import minibatch_update
     from rlhf_train.core.containers import Rollout
 
-    cfg, rollout, policy = s["cfg"], s["rollout"], s["policy"]
-    lm = s["accelerator"].unwrap_model(policy).lm
-    timer = _GenerateTimer(lm)
+    rollout, policy = s["rollout"], s["policy"]
+    timer = _GenerateTimer(rollout.backend)
     ru0 = resource.getrusage(resource.RUSAGE_SELF)
     try:
         t0 = time.perf_counter()
@@ -384,6 +384,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--num-samples", type=int, default=1,
                    help="completions per prompt (rollouts / this prompts per iteration; grpo / rloo need >= 2)")
     p.add_argument("--grpo-beta", type=float, default=None, help="algorithm.beta (GRPO's KL in the loss; 0: no reference)")
+    p.add_argument("--override", action="append", default=[],
+                   help="an extra Hydra override, e.g. rollout.hf_generate=true (repeatable)")
     return p
 
 
@@ -393,7 +395,8 @@ def main(argv=None):
         layers=a.layers, width=a.width, heads=a.heads, vocab=a.vocab, prompt_len=a.prompt_len, batch=a.batch,
         new_tokens=a.new_tokens, rollouts=a.rollouts, epochs=a.epochs, minibatch=a.minibatch, threads=a.threads,
         seed=a.seed, gen_chunk=a.gen_chunk, warmup=a.warmup, repeats=a.repeats, algorithm=a.algorithm,
-        num_samples=a.num_samples, extra=[f"algorithm.beta={a.grpo_beta}"] if a.grpo_beta is not None else [],
+        num_samples=a.num_samples,
+        extra=([f"algorithm.beta={a.grpo_beta}"] if a.grpo_beta is not None else []) + a.override,
         arch=a.arch, kv_heads=a.kv_heads, intermediate=a.intermediate)))
 
 

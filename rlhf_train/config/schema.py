@@ -158,6 +158,7 @@ class RolloutSchema:
     score_clip: Optional[float] = 10.0
     logprob_batch_size: Optional[int] = None
     num_samples: int = 1
+    hf_generate: bool = False
 
 
 @dataclass

@@ -51,3 +51,76 @@ def process_logits(logits: torch.Tensor, temperature: float = 1.0, top_k: int = 
         remove = remove_sorted.scatter(-1, sorted_idx, remove_sorted)
         logits = logits.masked_fill(remove, float("-inf"))
     return logits
+
+
+# --------------------------------------------------------------------------------------------
+# Drawing a token: inverse-CDF sampling (one uniform per row)
+# --------------------------------------------------------------------------------------------
+def inverse_cdf_sample(probs: torch.Tensor) -> torch.Tensor:
+    """One token per row of ``probs [B, V]`` (rows summing to ~1), by inverse-CDF sampling: ``[B]`` long.
+
+    One uniform per row from torch's global generator, a cumulative sum in float64 (no token's interval
+    loses mass to rounding; zero-probability tokens have empty intervals), a binary search for the first
+    ``cdf > u``. Why not ``torch.multinomial``: on CPU it draws one exponential per vocabulary entry.
+    """
+    cdf_dtype = torch.float32 if probs.device.type == "mps" else torch.float64  # MPS has no float64
+    cdf = probs.cumsum(-1, dtype=cdf_dtype)
+    u = torch.rand(probs.shape[0], 1, dtype=cdf_dtype, device=probs.device) * cdf[:, -1:]
+    return torch.searchsorted(cdf, u, right=True).clamp_(max=probs.shape[-1] - 1).squeeze(-1)
+
+
+# Vocabulary entries per block of the two-level search in sample_vocab_major.
+_SAMPLE_BLOCK = 256
+
+
+def _first_above(cdf: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Per row of the non-decreasing ``cdf [B, K]``, the first index with ``cdf > u [B]``; where rounding
+    put ``u`` at or past the row's total, the first index that reaches the total (it has mass > 0)."""
+    hit = torch.searchsorted(cdf, u[:, None], right=True)
+    last = torch.searchsorted(cdf, cdf[:, -1:].contiguous(), right=False)
+    return torch.minimum(hit, last).squeeze(-1)
+
+
+def sample_vocab_major(logits_t: torch.Tensor, temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Samples one token per column of vocabulary-major logits ``[V, B]`` from ``softmax(logits / temperature)``;
+    returns ``(tokens [B] long, log π(token) [B] float32)``. **Overwrites** ``logits_t`` (float32) with
+    ``exp(z/τ - max)``.
+
+    Inverse-CDF sampling (one uniform ``u`` per row, the first token whose cumulative mass exceeds ``u·Σ``)
+    in two levels, so the vocabulary is walked three times (max; exp in place; block sums) instead of the
+    ~7 passes of ``softmax`` + a float64 ``cumsum`` over ``V``: first the block of 256 tokens (float64
+    cumulative sum of the float32 block sums), then the token inside it (the same fraction of the block's
+    mass, on the float64 cumulative sum of its 256 values). The same distribution as
+    :func:`inverse_cdf_sample` on ``softmax`` (each token's probability to float32 rounding). Vocabulary-major because ``W @ hᵀ`` writes ``[V, B]``
+    1.3x faster than ``h @ Wᵀ`` writes ``[B, V]`` for a decode step's 32 rows on CPU (3.3 vs 4.5 ms at width
+    128, V = 50257, 2 threads). Measured per decode step (32 rows, V = 50257, 2 threads): this sampler
+    with the transposed head in ``benchmarks/ppo_iteration.py``'s rollout, see the README's performance table.
+    """
+    V, B = logits_t.shape
+    m = logits_t.amax(0)                                            # [B]
+    e = logits_t.sub_(m)                                            # z - max (in place)
+    if temperature != 1.0:
+        e.mul_(1.0 / temperature)
+    e.exp_()                                                        # unnormalised probabilities, ≤ 1
+    blk = _SAMPLE_BLOCK
+    nb = V // blk
+    # block masses summed in float32 (6x faster than summing in float64), accumulated across blocks in float64
+    sums = [e[: nb * blk].view(nb, blk, B).sum(1)] if nb else []
+    if nb * blk < V:
+        sums.append(e[nb * blk:].sum(0)[None])
+    mass = torch.cat(sums).T.double()                               # [B, n_blocks]
+    block_cdf = mass.cumsum(1)
+    total = block_cdf[:, -1]                                        # Σ_v e  [B]
+    u = torch.rand(B, dtype=torch.float64, device=e.device) * total
+    block = _first_above(block_cdf, u)                              # [B]
+    idx = block[:, None] * blk + torch.arange(blk, device=e.device)  # [B, blk] vocabulary ids of the block
+    cols = torch.arange(B, device=e.device)[:, None]
+    inside = e[idx.clamp(max=V - 1), cols].double().masked_fill_(idx >= V, 0.0)  # [B, blk]
+    inside_cdf = inside.cumsum(1)
+    # where u falls inside its block, as a fraction of the block's mass, mapped onto the float64 in-block sums
+    block_mass = mass.gather(1, block[:, None]).squeeze(1)
+    frac = (u - (block_cdf.gather(1, block[:, None]).squeeze(1) - block_mass)) / block_mass
+    offset = _first_above(inside_cdf, frac * inside_cdf[:, -1])
+    tokens = block * blk + offset
+    log_probs = inside.gather(1, offset[:, None]).squeeze(1).log() - total.log()
+    return tokens, log_probs.float()

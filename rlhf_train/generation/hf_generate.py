@@ -1,9 +1,10 @@
-"""Generation with Hugging Face ``generate`` (KV-cached), an inverse-CDF sampler and a value hook.
+"""The generation backend over a ``transformers`` causal LM: rlhf_train's KV-cached loop
+(:mod:`rlhf_train.generation.decode`) by default, Hugging Face ``generate`` where that loop cannot go.
 
-Per call: one ``generate``. :class:`InverseCDFSampler` draws each token inside it and records the
-token's log-prob under the sampling distribution; a forward hook on the trunk keeps the hidden state
-the value head reads. So the policy's log-probs and values come with the tokens, and the rollout needs
-no second policy pass over prompt + response (they agree with that pass to float32 rounding, ~1e-6).
+Either way the policy's log-probs under the sampling distribution and the hidden states the value head
+reads come with the tokens, so the rollout needs no second policy pass over prompt + response (they
+agree with that pass to float32 rounding, ~1e-6). Through ``generate``: :class:`InverseCDFSampler` draws
+each token inside it and records its log-prob; a forward hook on the trunk keeps the hidden states.
 """
 from __future__ import annotations
 
@@ -14,8 +15,9 @@ import torch
 from transformers import LogitsProcessor, LogitsProcessorList
 
 from rlhf_train.core.containers import response_mask_from_tokens
-from rlhf_train.core.sampling import SamplingParams, process_logits
+from rlhf_train.core.sampling import SamplingParams, inverse_cdf_sample, process_logits
 from rlhf_train.generation.base import Generation
+from rlhf_train.generation.decode import can_drive, sample_with_cache
 from rlhf_train.models.scoring import lm_trunk_and_head
 
 
@@ -38,12 +40,8 @@ class InverseCDFSampler(LogitsProcessor):
         self.log_probs: list[torch.Tensor] = []  # per step: log π(sampled token) [B], nearly free here
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        # few, whole-row ops: on a shared CPU each multi-threaded op waits for every thread to be scheduled
         probs = torch.softmax(process_logits(scores, self.temperature, self.top_k, self.top_p), -1)  # [B, V]
-        cdf_dtype = torch.float32 if scores.device.type == "mps" else torch.float64  # MPS has no float64
-        cdf = probs.cumsum(-1, dtype=cdf_dtype)
-        u = torch.rand(scores.shape[0], 1, dtype=cdf_dtype, device=scores.device) * cdf[:, -1:]
-        tokens = torch.searchsorted(cdf, u, right=True).clamp_(max=scores.shape[-1] - 1)  # first cdf > u
+        tokens = inverse_cdf_sample(probs)[:, None]
         self.log_probs.append(probs.gather(-1, tokens).squeeze(-1).log())
         return scores.scatter_(-1, tokens, float("inf"))
 
@@ -65,12 +63,17 @@ def last_hidden_per_step(trunk: torch.nn.Module):
         handle.remove()
 
 
+def _pad_steps(steps: torch.Tensor, T: int, value=0) -> torch.Tensor:
+    """``[B, T', ...]`` → ``[B, T, ...]``: the first ``T`` steps, filled with ``value`` if generation stopped early."""
+    steps = steps[:, :T]
+    if steps.shape[1] < T:
+        steps = torch.cat([steps, steps.new_full((steps.shape[0], T - steps.shape[1], *steps.shape[2:]), value)], 1)
+    return steps
+
+
 def _stack_steps(steps: list[torch.Tensor], T: int) -> torch.Tensor:
     """Per-step ``[B, ...]`` tensors → ``[B, T, ...]`` (first T steps; zero-padded if generation stopped early)."""
-    out = torch.stack(steps[:T], dim=1)
-    if out.shape[1] < T:
-        out = torch.cat([out, out.new_zeros(out.shape[0], T - out.shape[1], *out.shape[2:])], dim=1)
-    return out
+    return _pad_steps(torch.stack(steps[:T], dim=1), T)
 
 
 class HFGenerateBackend:
@@ -86,14 +89,18 @@ class HFGenerateBackend:
         do_sample: ``False`` = greedy decoding (deterministic tests; no log-probs from the steps).
         with_scores: return the sampling log-probs (and values) read off ``generate``'s steps.
         unwrap_fn: unwraps a DDP / FSDP / Accelerate-prepared model.
+        decode_loop: sample with rlhf_train's KV-cached loop (:mod:`rlhf_train.generation.decode`) where it
+            can drive the model; ``False``: always ``transformers``' ``generate`` (the ``rollout.hf_generate``
+            config key).
     """
 
     def __init__(self, model, *, eos_token_id: int | list[int] | tuple[int, ...], pad_token_id: int, max_new_tokens: int,
                  sampling: SamplingParams = SamplingParams(), do_sample: bool = True, with_scores: bool = True,
-                 unwrap_fn: Callable | None = None):
+                 unwrap_fn: Callable | None = None, decode_loop: bool = True):
         self.model, self.eos_token_id, self.pad_token_id = model, eos_token_id, pad_token_id
         self.max_new_tokens, self.sampling, self.do_sample = max_new_tokens, sampling, do_sample
         self.with_scores, self.unwrap_fn = with_scores, unwrap_fn or (lambda m: m)
+        self.decode_loop = decode_loop
 
     @torch.no_grad()
     def generate(self, prompt: torch.Tensor, prompt_mask: torch.Tensor, num_samples: int = 1,
@@ -104,6 +111,15 @@ class HFGenerateBackend:
             prompt, prompt_mask = prompt.repeat_interleave(num_samples, 0), prompt_mask.repeat_interleave(num_samples, 0)
         base = self.unwrap_fn(self.model)
         lm = getattr(base, "lm", base)
+        T = self.max_new_tokens
+        if generation_config is None and self.decode_loop and can_drive(lm):
+            value_head = getattr(base, "value_head", None) if self.with_scores and self.do_sample else None
+            response, log_probs, hidden = sample_with_cache(
+                lm, prompt, prompt_mask, max_new_tokens=T, eos_token_id=self.eos_token_id,
+                pad_token_id=self.pad_token_id, sampling=self.sampling, do_sample=self.do_sample,
+                keep_hidden=value_head is not None)
+            return self._finish(response, log_probs if self.with_scores else None,
+                                value_head(_pad_steps(hidden, T)).float() if value_head is not None else None)
         kwargs = dict(max_new_tokens=self.max_new_tokens, eos_token_id=self.eos_token_id,
                       pad_token_id=self.pad_token_id, use_cache=True)
         sampler = None
@@ -121,15 +137,16 @@ class HFGenerateBackend:
         trunk = lm_trunk_and_head(lm)[0]  # (a peft model's too)
         with last_hidden_per_step(trunk) if value_head is not None else contextlib.nullcontext() as hidden:
             out = lm.generate(input_ids=prompt, attention_mask=prompt_mask.long(), **kwargs)
-        T = self.max_new_tokens
-        response = out[:, prompt.shape[1]:]
-        if response.shape[1] < T:
-            pad = response.new_full((response.shape[0], T - response.shape[1]), self.pad_token_id)
-            response = torch.cat([response, pad], dim=1)
-        # anything after the first EOS is padding, whatever generate put there
-        response = response.masked_fill(~response_mask_from_tokens(response, self.eos_token_id), self.pad_token_id)
         if not with_scores:
-            return Generation(response)
-        log_probs = _stack_steps(sampler.log_probs, T).float()
+            return self._finish(out[:, prompt.shape[1]:])
         values = value_head(_stack_steps(hidden, T)).float() if value_head is not None else None
-        return Generation(response, log_probs, values)
+        return self._finish(out[:, prompt.shape[1]:], torch.stack(sampler.log_probs, 1), values)
+
+    def _finish(self, response: torch.Tensor, log_probs: torch.Tensor | None = None,
+                values: torch.Tensor | None = None) -> Generation:
+        """``[B, T' ≤ T]`` steps → a :class:`Generation` of ``T`` steps (pad tokens, zero log-probs after the
+        last step); anything after a row's first EOS is padding, whatever the sampler put there."""
+        T = self.max_new_tokens
+        response = _pad_steps(response, T, self.pad_token_id)
+        response = response.masked_fill(~response_mask_from_tokens(response, self.eos_token_id), self.pad_token_id)
+        return Generation(response, _pad_steps(log_probs, T).float() if log_probs is not None else None, values)

@@ -265,6 +265,7 @@ def build_rollout(cfg: DictConfig, comps: Components, policy, accelerator, run_d
         tokenizer=comps.tokenizer, temperature=r.temperature, top_k=r.top_k, top_p=r.top_p, do_sample=r.do_sample,
         logprob_batch_size=r.logprob_batch_size, unwrap_fn=accelerator.unwrap_model, ref_log_prob_fn=ref_fn,
         num_samples=r.get("num_samples", 1),  # the samples of a prompt are adjacent rows (one process)
+        hf_generate=r.get("hf_generate", False),
         # log-probs and values straight from generate's steps (no second policy pass), unless the loss's
         # forward runs under autocast while generate does not: then one scoring pass keeps ratio 1 exact;
         # LoRA: policy and reference log-probs from the same one-pass code (first iteration's KL exactly 0)

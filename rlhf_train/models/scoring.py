@@ -57,13 +57,18 @@ def lm_trunk_and_head(lm: nn.Module) -> tuple[nn.Module, nn.Module]:
 _NO_GRAD_HEAD_TOKENS = 512
 
 
-def _vocab_major_logits(head: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
+def vocab_major_logits(head: nn.Module, hidden: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """``head(hidden)`` transposed, ``[V, N]`` from ``hidden [N, H]``: ``W @ hiddenᵀ`` writes this layout
     1.5x faster than ``hidden @ Wᵀ`` on CPU (see :mod:`rlhf_train.core.logprob_kernel`). Heads that are not
-    a plain ``nn.Linear`` with its whole weight (e.g. ZeRO-3 partitioned) go through their own forward."""
+    a plain ``nn.Linear`` with its whole weight (e.g. ZeRO-3 partitioned) go through their own forward.
+    ``out``: a ``[V, N]`` buffer to write into (a decode loop reuses one: writing into memory already
+    mapped is up to 1.5x faster than into a fresh 6 MB allocation, 2.8 vs 4.3 ms at N = 32, width 128)."""
     w = getattr(head, "weight", None)
     if not isinstance(head, nn.Linear) or w is None or tuple(w.shape) != (head.out_features, head.in_features):
         return head(hidden).T.contiguous()
+    if out is not None and out.shape == (w.shape[0], hidden.shape[0]) and out.dtype == w.dtype == hidden.dtype:
+        logits_t = torch.mm(w, hidden.T, out=out)
+        return logits_t.add_(head.bias[:, None]) if head.bias is not None else logits_t
     logits_t = w @ hidden.T
     return logits_t + head.bias[:, None] if head.bias is not None else logits_t
 
@@ -74,7 +79,7 @@ def _head_logprobs(hidden, head, labels, temperature, top_k, top_p, with_entropy
         N, pad = hidden.shape[0], -hidden.shape[0] % 8  # N a multiple of 8: see _NO_GRAD_HEAD_TOKENS
         if pad:
             hidden, labels = nn.functional.pad(hidden, (0, 0, 0, pad)), nn.functional.pad(labels, (0, pad))
-        logits_t = _vocab_major_logits(head, hidden)
+        logits_t = vocab_major_logits(head, hidden)
         log_probs, entropy = logprobs_and_entropy(logits_t, labels, temperature, overwrite_logits=True,
                                                   with_entropy=with_entropy)
         return log_probs[:N], entropy[:N] if with_entropy else None

@@ -106,7 +106,9 @@ class RolloutFromModel:
             of a second forward pass (they agree to float32 rounding). Turn off when the loss runs in another
             precision than ``generate`` (the trainer does under mixed precision), so the first ratio stays 1.
         reward_sources: ``{name: (RewardSource, weight)}``, scored and summed (replaces ``reward_model``).
-        generation_backend: a :class:`~rlhf_train.generation.base.GenerationBackend` (default: HF ``generate``).
+        generation_backend: a :class:`~rlhf_train.generation.base.GenerationBackend` (default:
+            :class:`~rlhf_train.generation.hf_generate.HFGenerateBackend`, rlhf_train's KV-cached loop).
+        hf_generate: the default backend samples with ``transformers``' ``generate`` instead of its own loop.
         num_samples: responses per prompt; the samples of a prompt are adjacent rows.
     """
 
@@ -137,6 +139,7 @@ class RolloutFromModel:
         reward_sources: dict[str, tuple[RewardSource, float]] | None = None,
         generation_backend: GenerationBackend | None = None,
         num_samples: int = 1,
+        hf_generate: bool = False,
     ):
         if max_new_tokens <= 0:
             raise ValueError(f"max_new_tokens must be positive, got {max_new_tokens}")
@@ -152,7 +155,8 @@ class RolloutFromModel:
         self.sampling = SamplingParams(temperature, top_k, top_p)
         self.backend = generation_backend or HFGenerateBackend(
             model, eos_token_id=eos, pad_token_id=self.pad_token_id, max_new_tokens=max_new_tokens,
-            sampling=self.sampling, do_sample=do_sample, with_scores=logprobs_from_generate, unwrap_fn=self.unwrap_fn)
+            sampling=self.sampling, do_sample=do_sample, with_scores=logprobs_from_generate, unwrap_fn=self.unwrap_fn,
+            decode_loop=not hf_generate)
         self.reward_sources = reward_sources if reward_sources is not None else {
             "reward_model": (RewardModelSource(reward_model, self.pad_token_id, logprob_batch_size), 1.0)}
         # no reference model and no function: no KL term (the rollout's kl is 0; a critic-free run with
