@@ -8,6 +8,8 @@
 3. ``sample_vocab_major`` draws from ``softmax(logits / τ)`` (chi-square over a vocabulary of several
    blocks and a tail), never draws a token of zero probability, and returns its draws' log-probs.
 4. ``rollout.hf_generate=true`` (and a ``generation_config``) go through ``generate``; the loop is the default.
+5. ``num_samples``: one prefill per prompt, its KV cache repeated: the same greedy tokens and hidden states
+   as prefilling every row, and sampled log-probs equal to one scoring pass.
 
 Budget: < 10 s on 2 CPU cores.
 """
@@ -105,3 +107,20 @@ def test_the_loop_is_the_default_and_hf_generate_stays_available():
         gen = backend.generate(prompt, mask, num_samples=2)
         assert gen.response.shape == gen.log_probs.shape == (6, 5)
         assert len(calls) == expected_calls
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHS))
+def test_one_prefill_per_prompt_gives_each_sample_the_prompts_cache(arch):
+    lm = _tiny_lm(arch)
+    prompt, mask = _left_padded_prompts(lm.config.vocab_size, pad=1)
+    kw = {"eos_token_id": -1, "pad_token_id": 1, "max_new_tokens": 6}
+    greedy, _, hidden = sample_with_cache(lm, prompt, mask, do_sample=False, keep_hidden=True, **kw)
+    shared, _, shared_hidden = sample_with_cache(lm, prompt, mask, do_sample=False, keep_hidden=True,
+                                                 num_samples=3, **kw)
+    assert torch.equal(shared, greedy.repeat_interleave(3, 0))
+    torch.testing.assert_close(shared_hidden, hidden.repeat_interleave(3, 0), atol=1e-5, rtol=1e-5)
+    torch.manual_seed(0)
+    sampled, log_probs, _ = sample_with_cache(lm, prompt, mask, num_samples=3, **kw)
+    full = torch.cat([prompt.repeat_interleave(3, 0), sampled], 1)
+    full_mask = torch.cat([mask.repeat_interleave(3, 0), torch.ones_like(sampled, dtype=torch.bool)], 1)
+    torch.testing.assert_close(log_probs, sequence_logprobs(lm, full, full_mask, prompt.shape[1]), atol=2e-5, rtol=0)

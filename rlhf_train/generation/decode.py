@@ -55,8 +55,12 @@ def _pick(logits_t: torch.Tensor, sampling: SamplingParams, do_sample: bool):
 @torch.no_grad()
 def sample_with_cache(lm: nn.Module, prompt: torch.Tensor, prompt_mask: torch.Tensor, *, max_new_tokens: int,
                       eos_token_id, pad_token_id: int, sampling: SamplingParams = SamplingParams(),
-                      do_sample: bool = True, keep_hidden: bool = False):
-    """Samples up to ``max_new_tokens`` tokens after left-padded ``prompt [B, P]`` (``prompt_mask [B, P]``).
+                      do_sample: bool = True, keep_hidden: bool = False, num_samples: int = 1):
+    """Samples up to ``max_new_tokens`` tokens after left-padded ``prompt [N, P]`` (``prompt_mask [N, P]``),
+    ``num_samples`` times each: ``B = N · num_samples`` rows, the samples of a prompt adjacent.
+
+    The prompt is prefilled once and its KV cache repeated for its samples (GRPO's 4-16 samples per
+    prompt share one prefill, as vLLM's prefix cache does).
 
     Returns ``(response [B, T'], log_probs [B, T'] or None, hidden [B, T', H] or None)`` with ``T' ≤
     max_new_tokens`` (fewer when every row ended early): the tokens (``pad_token_id`` after a row's
@@ -65,11 +69,14 @@ def sample_with_cache(lm: nn.Module, prompt: torch.Tensor, prompt_mask: torch.Te
     the value head reads). Randomness: one uniform per row and step from torch's global generator.
     """
     trunk, head = lm_trunk_and_head(lm)
-    B = prompt.shape[0]
+    B = prompt.shape[0] * num_samples
     mask = prompt_mask.long()
     positions = position_ids_from_mask(mask)                       # as generate gives left-padded prompts
     out = trunk(input_ids=prompt, attention_mask=mask, position_ids=positions, use_cache=True)
-    cache, h = out.past_key_values, out.last_hidden_state[:, -1]   # h [B, H] predicts the next token
+    cache, h = out.past_key_values, out.last_hidden_state[:, -1]   # h [N, H] predicts the next token
+    if num_samples > 1:                                            # one prefill per prompt, then B rows
+        cache.batch_repeat_interleave(num_samples)
+        h, mask, positions = (x.repeat_interleave(num_samples, 0) for x in (h, mask, positions))
     position = positions[:, -1:] + 1
     finished = torch.zeros(B, dtype=torch.bool, device=prompt.device)
     tokens, log_probs, hidden = [], [], []

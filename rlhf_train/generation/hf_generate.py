@@ -107,19 +107,19 @@ class HFGenerateBackend:
                  generation_config=None) -> Generation:
         """See :meth:`GenerationBackend.generate`. ``generation_config`` (torchrl's API) replaces the
         sampler with ``generate``'s own decoding; no log-probs or values are returned then."""
-        if num_samples > 1:  # samples of one prompt stay adjacent (the advantage estimators' groups)
-            prompt, prompt_mask = prompt.repeat_interleave(num_samples, 0), prompt_mask.repeat_interleave(num_samples, 0)
         base = self.unwrap_fn(self.model)
         lm = getattr(base, "lm", base)
         T = self.max_new_tokens
         if generation_config is None and self.decode_loop and can_drive(lm):
             value_head = getattr(base, "value_head", None) if self.with_scores and self.do_sample else None
-            response, log_probs, hidden = sample_with_cache(
+            response, log_probs, hidden = sample_with_cache(  # samples of a prompt adjacent, one prefill each
                 lm, prompt, prompt_mask, max_new_tokens=T, eos_token_id=self.eos_token_id,
                 pad_token_id=self.pad_token_id, sampling=self.sampling, do_sample=self.do_sample,
-                keep_hidden=value_head is not None)
+                keep_hidden=value_head is not None, num_samples=num_samples)
             return self._finish(response, log_probs if self.with_scores else None,
                                 value_head(_pad_steps(hidden, T)).float() if value_head is not None else None)
+        if num_samples > 1:  # samples of one prompt stay adjacent (the advantage estimators' groups)
+            prompt, prompt_mask = prompt.repeat_interleave(num_samples, 0), prompt_mask.repeat_interleave(num_samples, 0)
         kwargs = dict(max_new_tokens=self.max_new_tokens, eos_token_id=self.eos_token_id,
                       pad_token_id=self.pad_token_id, use_cache=True)
         sampler = None
