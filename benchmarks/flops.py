@@ -46,21 +46,23 @@ def forward_flops(s: dict, L: int, head_positions: int) -> float:
     return 2 * s["P_mm"] * L + 4 * s["n_layer"] * L * L * s["d"] + 2 * s["d"] * s["V"] * head_positions
 
 
-def generate_flops(s: dict, P: int, T: int) -> float:
-    """KV-cached generation of ``T`` tokens after a ``P``-token prompt, one sequence."""
+def generate_flops(s: dict, P: int, T: int, prefill_share: float = 1.0) -> float:
+    """KV-cached generation of ``T`` tokens after a ``P``-token prompt, one sequence (``prefill_share``: the
+    fraction of the prompt's prefill this sequence pays, ``1 / num_samples`` when samples share it)."""
     prefill = 2 * s["P_mm"] * P + 4 * s["n_layer"] * P * P * s["d"]
     steps = 2 * s["P_mm"] * T + 4 * s["n_layer"] * s["d"] * (T * P + T * (T - 1) / 2)
-    return prefill + steps + 2 * s["d"] * s["V"] * T
+    return prefill_share * prefill + steps + 2 * s["d"] * s["V"] * T
 
 
-def rollout_flops(policy_lm, ref_lm, reward_model, td, policy_pass: bool) -> float:
-    """The rollout of batch ``td``: generate; the policy's scoring pass (``policy_pass``: when log-probs
-    do not come from ``generate``'s own steps); one reference pass; the reward model over prompt + response
-    (and over the batch's reference responses, the reward baseline, when it has them)."""
+def rollout_flops(policy_lm, ref_lm, reward_model, td, policy_pass: bool, num_samples: int = 1) -> float:
+    """The rollout of batch ``td``: generate (one prefill per prompt, shared by its ``num_samples`` samples);
+    the policy's scoring pass (``policy_pass``: when log-probs do not come from the generation's own steps);
+    one reference pass; the reward model over prompt + response (and over the batch's reference responses,
+    the reward baseline, when it has them)."""
     B, L = td["tokens", "full"].shape
     T = td["masks", "response"].shape[1]
     pol = shape_of(policy_lm)
-    total = B * generate_flops(pol, L - T, T)
+    total = B * generate_flops(pol, L - T, T, prefill_share=1.0 / num_samples)
     if policy_pass:
         total += B * forward_flops(pol, L, T)
     if ref_lm is not None:

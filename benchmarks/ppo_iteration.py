@@ -299,7 +299,8 @@ class RLHFTrainBenchmark:
         B = r["td"].batch_size[0]
         rows = self.cfg.ppo.num_epochs * (B // self.cfg.ppo.minibatch_size) * self.cfg.ppo.minibatch_size
         gflop_rollout = flops.rollout_flops(policy_lm, rollout.ref_model, self.state["reward_model"], r["td"],
-                                            policy_pass=not rollout.backend.with_scores) / 1e9
+                                            policy_pass=not rollout.backend.with_scores,
+                                            num_samples=self.num_samples if rollout.backend.decode_loop else 1) / 1e9
         gflop_update = flops.update_flops(policy_lm, r["td"], rows) / 1e9
         floor = {k_: g / self.gemm_rate for k_, g in (("rollout", gflop_rollout), ("update", gflop_update))}
         return {

@@ -91,10 +91,12 @@ def sample_vocab_major(logits_t: torch.Tensor, temperature: float = 1.0) -> tupl
     ~7 passes of ``softmax`` + a float64 ``cumsum`` over ``V``: first the block of 256 tokens (float64
     cumulative sum of the float32 block sums), then the token inside it (the same fraction of the block's
     mass, on the float64 cumulative sum of its 256 values). The same distribution as
-    :func:`inverse_cdf_sample` on ``softmax`` (each token's probability to float32 rounding). Vocabulary-major because ``W @ hᵀ`` writes ``[V, B]``
-    1.3x faster than ``h @ Wᵀ`` writes ``[B, V]`` for a decode step's 32 rows on CPU (3.3 vs 4.5 ms at width
-    128, V = 50257, 2 threads). Measured per decode step (32 rows, V = 50257, 2 threads): this sampler
-    with the transposed head in ``benchmarks/ppo_iteration.py``'s rollout, see the README's performance table.
+    :func:`inverse_cdf_sample` on ``softmax`` (each token's probability to float32 rounding).
+    Vocabulary-major because ``W @ hᵀ`` writes ``[V, B]`` faster than ``h @ Wᵀ`` writes ``[B, V]`` for a
+    decode step's 32 rows on CPU (2.7-2.9 vs 4.7-5.6 ms at width 128, V = 50257, 2 threads, into a reused
+    buffer). Sampling alone, 32 rows x 50257 (``benchmarks/decode_loop.py``, 2 threads): 1.4-3.5 -> 1.2 ms
+    per step with huge pages (``THP_MEM_ALLOC_ENABLE=1``), 11.7 -> 1.6 ms without (the softmax + float64
+    cumulative sum allocate ~19 MB every step; this sampler allocates nothing of size V).
     """
     V, B = logits_t.shape
     m = logits_t.amax(0)                                            # [B]
