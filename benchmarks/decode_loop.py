@@ -28,16 +28,7 @@ import torch  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import ppo_iteration  # noqa: E402  (benchmarks/ is not a package)
-
-
-def _median_ms(fn, rounds: int) -> float:
-    fn()
-    times = []
-    for _ in range(rounds):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return round(statistics.median(times) * 1e3, 2)
+from flops import median_seconds  # noqa: E402
 
 
 def main(argv=None):
@@ -80,8 +71,8 @@ def main(argv=None):
                                              "num_samples", "threads")},
         "generate_s_decode_loop": round(loop_s, 3), "generate_s_hf_generate": round(hf_s, 3),
         "speedup": round(hf_s / loop_s, 2), "rounds": a.rounds,
-        "sampler_ms_inverse_cdf_in_generate": _median_ms(old_step, 30),
-        "sampler_ms_vocab_major": _median_ms(lambda: sample_vocab_major(buffer.copy_(logits_t)), 30),
+        "sampler_ms_inverse_cdf_in_generate": round(median_seconds(old_step, 30) * 1e3, 2),
+        "sampler_ms_vocab_major": round(median_seconds(lambda: sample_vocab_major(buffer.copy_(logits_t)), 30) * 1e3, 2),
     }))
 
 

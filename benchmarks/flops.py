@@ -97,10 +97,15 @@ def gemm_gflop_per_s(width: int, vocab: int, tokens: int, repeats: int = 5) -> f
         g_t.T @ w
         g_t @ h
 
-    three()
+    return 3 * 2 * tokens * width * vocab / 1e9 / median_seconds(three, repeats)
+
+
+def median_seconds(fn, repeats: int) -> float:
+    """Median wall time of ``repeats`` calls of ``fn`` (after one untimed call)."""
+    fn()
     times = []
     for _ in range(repeats):
         t = time.perf_counter()
-        three()
+        fn()
         times.append(time.perf_counter() - t)
-    return 3 * 2 * tokens * width * vocab / 1e9 / sorted(times)[repeats // 2]
+    return sorted(times)[repeats // 2]

@@ -82,12 +82,11 @@ def sample_with_cache(lm: nn.Module, prompt: torch.Tensor, prompt_mask: torch.Te
     position = positions[:, -1:] + 1
     finished = torch.zeros(B, dtype=torch.bool, device=prompt.device)
     tokens, log_probs, hidden = [], [], []
-    logits_buffer = torch.empty(0)  # [V, B], reused every step (the sampler overwrites it)
+    logits_buffer = None  # [V, B], reused every step (the sampler overwrites it)
     for t in range(max_new_tokens):
         if keep_hidden:
             hidden.append(h)
-        logits_t = vocab_major_logits(head, h, out=logits_buffer if t else None)
-        logits_buffer = logits_t
+        logits_t = logits_buffer = vocab_major_logits(head, h, out=logits_buffer)
         token, log_prob = _pick(logits_t, sampling, do_sample)
         token = token.masked_fill_(finished, pad_token_id)
         tokens.append(token)

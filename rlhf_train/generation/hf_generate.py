@@ -71,11 +71,6 @@ def _pad_steps(steps: torch.Tensor, T: int, value=0) -> torch.Tensor:
     return steps
 
 
-def _stack_steps(steps: list[torch.Tensor], T: int) -> torch.Tensor:
-    """Per-step ``[B, ...]`` tensors → ``[B, T, ...]`` (first T steps; zero-padded if generation stopped early)."""
-    return _pad_steps(torch.stack(steps[:T], dim=1), T)
-
-
 class HFGenerateBackend:
     """:class:`~rlhf_train.generation.base.GenerationBackend` over a ``transformers`` causal LM's ``generate``.
 
@@ -139,7 +134,7 @@ class HFGenerateBackend:
             out = lm.generate(input_ids=prompt, attention_mask=prompt_mask.long(), **kwargs)
         if not with_scores:
             return self._finish(out[:, prompt.shape[1]:])
-        values = value_head(_stack_steps(hidden, T)).float() if value_head is not None else None
+        values = value_head(_pad_steps(torch.stack(hidden, 1), T)).float() if value_head is not None else None
         return self._finish(out[:, prompt.shape[1]:], torch.stack(sampler.log_probs, 1), values)
 
     def _finish(self, response: torch.Tensor, log_probs: torch.Tensor | None = None,
