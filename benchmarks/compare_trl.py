@@ -9,8 +9,8 @@ untouched: ``trl==1.12.0`` (the last release with ``trl.experimental.ppo.PPOTrai
 Every measurement is a fresh process (so ``peak_rss_mb`` is that process's own peak) that builds its
 models, runs ``--warmup`` untimed iterations and times ``--repeats`` more. The processes of one round
 run back to back, rlhf_train then TRL (then TRL with rlhf_train's CPU settings, ``OMP_WAIT_POLICY=PASSIVE
-THP_MEM_ALLOC_ENABLE=1``), for ``--rounds`` rounds: load from elsewhere hits both sides alike. TRL runs
-under its defaults otherwise (those two variables removed from its environment). Both sides: one
+GOMP_SPINCOUNT=10000 THP_MEM_ALLOC_ENABLE=1``), for ``--rounds`` rounds: load from elsewhere hits both sides
+alike. TRL runs under its defaults otherwise (those variables removed from its environment). Both sides: one
 process, fp32, ``--threads`` torch threads, random weights.
 
 Shapes (``--shapes``, comma-separated):
@@ -36,9 +36,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+from rlhf_train.infra.cpu_defaults import CPU_DEFAULTS
+
 HERE = Path(__file__).resolve().parent
 TRL_FOR = {"ppo": "1.12.0", "grpo": "1.16.0"}
-CPU_SETTINGS = {"OMP_WAIT_POLICY": "PASSIVE", "THP_MEM_ALLOC_ENABLE": "1"}
+CPU_SETTINGS = CPU_DEFAULTS  # rlhf_train's (rlhf_train/infra/cpu_defaults.py)
 SHAPES = {
     "gpt2_1": dict(arch="gpt2", layers=2, width=128, heads=4, vocab=50257, prompt_len=64, new_tokens=50),
     "gpt2_2": dict(arch="gpt2", layers=4, width=256, heads=4, vocab=50257, prompt_len=48, new_tokens=32),

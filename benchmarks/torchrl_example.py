@@ -81,12 +81,13 @@ from __future__ import annotations
 
 import os
 
-# the CPU defaults of `python -m rlhf_train` (why: rlhf_train/__main__.py), set before torch is imported
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE"), os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
+# the CPU defaults of `python -m rlhf_train` (why: rlhf_train/infra/cpu_defaults.py), set before torch is imported
+from rlhf_train.infra.cpu_defaults import set_cpu_defaults  # noqa: E402
+
+set_cpu_defaults()
 
 import argparse
 import json
-import os
 import resource
 import time
 from copy import deepcopy

@@ -15,17 +15,11 @@ import sys
 import time
 from pathlib import Path
 
-# CPU defaults, set before torch is imported (both are read once); export either variable to override.
-# * PyTorch's CPU allocator backs large tensors with transparent huge pages: the LM head's [tokens, V]
-#   logits are hundreds of MB, allocated afresh every minibatch, and with 4 KB pages each allocation
-#   costs ~40k page faults: 0.10 s per 160 MB on a 2-core CPU, 0.02 s with huge pages.
-# * OpenMP threads that wait at a barrier sleep instead of spinning. Every multi-threaded op ends at a
-#   barrier; on a CPU shared with other processes a spinning thread burns the time slice its partner
-#   needs, and a 2-thread PPO iteration took 11-43 s instead of 6.5-8.6 s (load average 3.5-6 on 2 cores).
-# Set here, in the command-line entry point (and at the top of each benchmarks/ script), not on
-# `import rlhf_train`: a library import leaves the host process's environment alone.
-os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# CPU defaults (huge pages for the logits, OpenMP threads that spin briefly then sleep), set before torch
+# is imported: why and what they measured in rlhf_train/infra/cpu_defaults.py; export a variable to override.
+from rlhf_train.infra.cpu_defaults import set_cpu_defaults  # noqa: E402  (imports nothing but os)
+
+set_cpu_defaults()
 
 import hydra  # noqa: E402  (after the CPU defaults)
 from omegaconf import DictConfig  # noqa: E402

@@ -5,8 +5,8 @@
 2. An unknown KL estimator fails at start — before any model is built — with one line listing k1, k2, k3.
 3. The reward-shaping stack can be changed from the command line: the k3 estimator, and the EOS-penalty
    entry dropped (``~transforms.eos_penalty``), both run.
-4. The process-wide CPU settings (``OMP_WAIT_POLICY``, ``THP_MEM_ALLOC_ENABLE``) belong to the command-line
-   entry point: ``import rlhf_train`` leaves the environment alone.
+4. The process-wide CPU settings (``OMP_WAIT_POLICY``, ``THP_MEM_ALLOC_ENABLE``, ``GOMP_SPINCOUNT``) belong to
+   the command-line entry point: ``import rlhf_train`` leaves the environment alone.
 5. ``--help`` says how to run the tool and lists every recipe and every config group with exactly its
    option files (no ``*_schema``, no ``accelerate``), read from ``conf/`` so it cannot drift.
 6. A run says where it is: the run-dir line first, the files it wrote last, both in ``__main__.log``; a
@@ -71,11 +71,11 @@ def test_dropping_the_eos_penalty_entry_runs(tmp_path):
 
 
 # --------------------------------------------------------------------------- 4. CPU settings
-CPU_VARS = ("OMP_WAIT_POLICY", "THP_MEM_ALLOC_ENABLE")
+CPU_VARS = ("OMP_WAIT_POLICY", "THP_MEM_ALLOC_ENABLE", "GOMP_SPINCOUNT")
 
 
 def _env_after(statement: str) -> list[str]:
-    """The two variables as seen by a fresh interpreter (started with both unset) after ``statement``."""
+    """The variables as seen by a fresh interpreter (started with all unset) after ``statement``."""
     env = {k: v for k, v in os.environ.items() if k not in CPU_VARS}
     code = f"import os; {statement}; print([os.environ.get(k) for k in {CPU_VARS!r}])"
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
@@ -85,12 +85,13 @@ def _env_after(statement: str) -> list[str]:
 
 
 def test_import_leaves_cpu_settings_untouched():
-    assert _env_after("import rlhf_train") == [None, None]
+    assert _env_after("import rlhf_train") == [None, None, None]
 
 
 def test_entry_point_sets_cpu_settings_before_torch():
     # the entry point sets them at import, before anything it imports can import torch
-    assert _env_after("import rlhf_train.__main__, sys; assert 'torch' not in sys.modules") == ["PASSIVE", "1"]
+    got = _env_after("import rlhf_train.__main__, sys; assert 'torch' not in sys.modules")
+    assert got == ["PASSIVE", "1", "10000"]
 
 
 # --------------------------------------------------------------------------- 5. --help
