@@ -2,7 +2,9 @@
 
 1. ``logprobs_and_entropy`` (blockwise, vocabulary-major, gradient written in place) equals
    ``logprobs_of_labels`` + ``entropy_from_logits``, values and gradients, with and without temperature,
-   with several vocabulary blocks, and its gradient passes ``gradcheck`` in float64.
+   with several vocabulary blocks, and its gradient passes ``gradcheck`` in float64; so does
+   ``head_logprobs_and_entropy`` (the head's matmuls inside the blocks), with and without a bias, an
+   entropy gradient and gradients at all, its gradients reaching the hidden states, weight and bias.
 2. ``models.scoring.response_logprobs`` (what the policy's forward pass and the reference pass use)
    equals the plain ``process_logits`` + ``logprobs_of_labels`` path, with and without gradients, for a
    token count that is not a multiple of 8 (padded inside) and a head with a bias.
@@ -18,6 +20,7 @@ import torch
 from rlhf_train.core import logprob_kernel
 from rlhf_train.core.logprob_kernel import (
     entropy_from_logits,
+    head_logprobs_and_entropy,
     logprobs_and_entropy,
     logprobs_of_labels,
 )
@@ -62,6 +65,52 @@ def test_logprobs_and_entropy_gradcheck(temperature, small_blocks):
     assert torch.autograd.gradcheck(lambda x: logprobs_and_entropy(x, labels, temperature), (logits_t,))
     # only the log-probs used (the trainer's case with ent_coef = 0): no entropy gradient pass
     assert torch.autograd.gradcheck(lambda x: logprobs_and_entropy(x, labels, temperature)[0], (logits_t,))
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("entropy_grad", [False, True])
+def test_head_logprobs_and_entropy_matches_plain_path(temperature, bias, entropy_grad, small_blocks):
+    torch.manual_seed(0)
+    V, N, H = 30, 5, 8
+    hidden = torch.randn(N, H, requires_grad=True)
+    weight = (2 * torch.randn(V, H)).requires_grad_()
+    b = torch.randn(V, requires_grad=True) if bias else None
+    labels = torch.tensor([0, 29, 7, 7, 14])  # the first and last block, a label twice
+    params = [hidden, weight] + ([b] if bias else [])
+    g_lp, g_ent = torch.randn(N), torch.randn(N)
+
+    def loss(lp, ent):
+        return (lp * g_lp).sum() + ((ent * g_ent).sum() if entropy_grad else 0.0)
+
+    lp, ent = head_logprobs_and_entropy(hidden, weight, b, labels, temperature, with_entropy=True)
+    grads = torch.autograd.grad(loss(lp, ent), params)
+    logits = (hidden @ weight.T + (b if bias else 0.0)) / temperature
+    lp0, ent0 = logprobs_of_labels(logits, labels), entropy_from_logits(logits)
+    grads0 = torch.autograd.grad(loss(lp0, ent0), params)
+    torch.testing.assert_close(lp, lp0, atol=1e-5, rtol=0)
+    torch.testing.assert_close(ent, ent0, atol=1e-5, rtol=0)
+    for g, g0 in zip(grads, grads0):
+        torch.testing.assert_close(g, g0, atol=1e-4, rtol=1e-4)
+    with torch.no_grad():  # one block of logits at a time
+        lp_ng, ent_ng = head_logprobs_and_entropy(hidden, weight, b, labels, temperature, with_entropy=False)
+    torch.testing.assert_close(lp_ng, lp0.detach(), atol=1e-5, rtol=0)
+    assert ent_ng.isnan().all()
+
+
+def test_head_logprobs_and_entropy_gradcheck(small_blocks):
+    torch.manual_seed(0)
+    hidden = torch.randn(5, 4, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(30, 4, dtype=torch.float64, requires_grad=True)
+    bias = torch.randn(30, dtype=torch.float64, requires_grad=True)
+    labels = torch.randint(0, 30, (5,))
+    # log-probs and entropy; log-probs only (the trainer's case: the logits' gradient is never formed)
+    assert torch.autograd.gradcheck(lambda h, w, b: head_logprobs_and_entropy(h, w, b, labels, 0.7),
+                                    (hidden, weight, bias))
+    assert torch.autograd.gradcheck(lambda h, w, b: head_logprobs_and_entropy(h, w, b, labels, 0.7)[0],
+                                    (hidden, weight, bias))
+    assert torch.autograd.gradcheck(lambda h, w: head_logprobs_and_entropy(h, w, None, labels, 1.0, False)[0],
+                                    (hidden, weight))
 
 
 @pytest.mark.parametrize("grad", [True, False])

@@ -39,14 +39,73 @@ def logprobs_of_labels(logits: Tensor, labels: Tensor) -> Tensor:
     return picked - torch.logsumexp(logits, dim=-1)
 
 
-# Vocabulary rows of [V, N] logits handled per block by logprobs_and_entropy: ~2^21 floats (8 MB) per
-# block keeps its temporaries in the CPU's last-level cache.
+# Vocabulary rows of [V, N] logits handled per block: ~2^21 floats (8 MB) per block keeps its temporaries
+# in the CPU's last-level cache.
 _BLOCK_ELEMENTS = 1 << 21
 
 
 def _vocab_blocks(V: int, N: int):
     step = max(1, _BLOCK_ELEMENTS // max(N, 1))
     return [(a, min(a + step, V)) for a in range(0, V, step)]
+
+
+def _block_forward(z: Tensor, temperature: float, with_entropy: bool, keep_exp: bool, scratch: list):
+    """Statistics of one vocabulary block ``z [Vb, N]`` of float logits, computed in ``z``'s memory:
+    ``(m_b, s_b, sy_b)`` = (its max, ``Σ e``, ``Σ e (z/t - m_b)`` or None) with ``e = exp(z/t - m_b)``.
+    With ``keep_exp`` ``z`` holds ``e`` afterwards (the backward pass turns it into the gradient)."""
+    if temperature != 1.0:
+        z.mul_(1.0 / temperature)
+    m_b = z.amax(0)
+    y = z.sub_(m_b)                                                     # z/t - m_b, in place
+    if not with_entropy:
+        e = y.exp_()
+        return m_b, e.sum(0), None
+    if not scratch or scratch[0].shape != y.shape:
+        scratch[:] = [torch.empty_like(y), torch.empty_like(y)]
+    e = torch.exp(y, out=scratch[0])
+    sy_b = torch.mul(e, y, out=scratch[1]).sum(0)
+    if keep_exp:
+        z.copy_(e)
+    return m_b, e.sum(0), sy_b
+
+
+def _combine(maxes, sums, ysums, with_entropy: bool):
+    """Per token, from the blocks' statistics: ``(lse, entropy or NaN, scale / s)`` where ``lse`` is
+    ``logsumexp(z/t)``, ``scale_b = exp(m_b - m)`` relates block b's ``e`` to the global max ``m`` and
+    ``p = e_b · scale_b / s`` is the softmax."""
+    m_blocks = torch.stack(maxes)                                       # [n_blocks, N]
+    m = m_blocks.amax(0)                                                # max_v z/t
+    scale = torch.exp(m_blocks - m)
+    s = (torch.stack(sums) * scale).sum(0)                              # Σ_v exp(z/t - m)
+    lse = m + s.log()
+    if with_entropy:  # Σ exp(z/t - m)(z/t - m) = Σ_b scale_b (sy_b + (m_b - m) s_b);  H = log s - that / s
+        sy = (scale * (torch.stack(ysums) + (m_blocks - m) * torch.stack(sums))).sum(0)
+        entropy = s.log() - sy / s
+    else:
+        entropy = torch.full_like(lse, float("nan"))
+    return lse, entropy, scale / s
+
+
+def _block_grad(x: Tensor, g: Tensor, p_scale_b: Tensor, lse, entropy, gl, ge, t: float, keep_exp: bool) -> Tensor:
+    """The gradient of one block WITHOUT the onehot(label) part, written into ``g`` (which may be ``x``):
+    ``-gl · p / t`` (``d log p_label / dz`` less its onehot) ``- ge · p (log p + H) / t`` (``dH/dz``).
+    ``x`` holds ``e_b`` (``keep_exp``) or the raw logits."""
+    if keep_exp and ge is None:                                         # one pass: p = e_b · scale_b / s
+        return torch.mul(x, p_scale_b * (-gl / t), out=g)
+    if keep_exp:
+        p = torch.mul(x, p_scale_b, out=g)                              # p (g may be x itself)
+        p_log_p = torch.special.xlogy(p, p) if ge is not None else None  # 0 where p underflowed
+    else:
+        log_p = torch.sub(x / t if t != 1.0 else x, lse, out=g)        # log p (g may be x itself)
+        p_log_p = log_p.clone() if ge is not None else None
+        p = log_p.exp_()
+        if p_log_p is not None:
+            p_log_p.mul_(p)
+    ent_grad = p_log_p.add_(p * entropy).mul_(-ge) if ge is not None else None  # dH/dz = -p (log p + H)
+    g = p.mul_(-gl) if gl is not None else p.zero_()
+    if ent_grad is not None:
+        g.add_(ent_grad)
+    return g.div_(t) if t != 1.0 else g
 
 
 class _LogProbsAndEntropy(torch.autograd.Function):
@@ -67,6 +126,7 @@ class _LogProbsAndEntropy(torch.autograd.Function):
     layout 1.5x faster than ``h·Wᵀ`` on CPU (85 vs 57 GFLOP/s per core for 800 tokens x 50257). Measured
     on one core, one PPO minibatch (800 tokens x 50257), forward + backward of LM head + log-probs +
     entropy: 2.92 s -> 0.54 s of CPU, where the three head matmuls alone take 0.41 s.
+    :class:`_HeadLogProbsAndEntropy` is the same with the head's matmuls inside (what training uses).
     """
 
     @staticmethod
@@ -77,42 +137,14 @@ class _LogProbsAndEntropy(torch.autograd.Function):
         in_place = overwrite_logits and logits_t.dtype == dtype    # blocks may be computed in the logits
         keep_exp = in_place and ctx.needs_input_grad[0]              # ... and keep e = exp(z - block max) there
         picked = logits_t.gather(0, labels[None]).squeeze(0).to(dtype) / temperature
-        # Per vocabulary block b, while it is in cache: its max m_b, s_b = Σ e, sy_b = Σ e (z - m_b) with
-        # e = exp(z - m_b); the blocks are combined afterwards (one read of the logits from memory, no
-        # separate pass for the global max).
-        maxes, sums, ysums = [], [], []
-        buf = prod = None
+        stats, scratch = [], []
         for a, b in _vocab_blocks(V, N):
-            x = logits_t[a:b]
-            if in_place:
-                z = x.mul_(1.0 / temperature) if temperature != 1.0 else x
-            else:
-                z = x.to(dtype) / temperature if temperature != 1.0 else x.to(dtype, copy=True)
-            m_b = z.amax(0)
-            y = z.sub_(m_b)                                             # z - m_b, in place
-            if with_entropy:
-                buf = torch.empty_like(y) if buf is None or buf.shape != y.shape else buf
-                prod = torch.empty_like(y) if prod is None or prod.shape != y.shape else prod
-                e = torch.exp(y, out=buf)
-                ysums.append(torch.mul(e, y, out=prod).sum(0))
-                if keep_exp:
-                    x.copy_(e)
-            else:
-                e = y.exp_()
-            maxes.append(m_b)
-            sums.append(e.sum(0))
-        m_blocks = torch.stack(maxes)                                   # [n_blocks, N]
-        m = m_blocks.amax(0)                                            # max_v z
-        scale = torch.exp(m_blocks - m)                                 # e relative to m: e_b · scale_b
-        s = (torch.stack(sums) * scale).sum(0)                          # Σ_v exp(z - m)
-        lse = m + s.log()
-        if with_entropy:  # Σ exp(z - m)(z - m) = Σ_b scale_b (sy_b + (m_b - m) s_b);  H = log s - that / s
-            sy = (scale * (torch.stack(ysums) + (m_blocks - m) * torch.stack(sums))).sum(0)
-            entropy = s.log() - sy / s
-        else:
-            entropy = torch.full_like(lse, float("nan"))
+            z = logits_t[a:b] if in_place else logits_t[a:b].to(dtype, copy=True)
+            stats.append(_block_forward(z, temperature, with_entropy, keep_exp, scratch))
+        lse, entropy, p_scale = _combine(*zip(*stats), with_entropy)
+        if not with_entropy:
             ctx.mark_non_differentiable(entropy)
-        ctx.save_for_backward(logits_t, labels, lse, entropy, scale / s)  # p = e_b · scale_b / s
+        ctx.save_for_backward(logits_t, labels, lse, entropy, p_scale)
         ctx.temperature, ctx.overwrite_logits, ctx.keep_exp = temperature, overwrite_logits, keep_exp
         ctx.set_materialize_grads(False)  # an unused entropy gets no gradient pass
         return picked - lse, entropy
@@ -129,26 +161,8 @@ class _LogProbsAndEntropy(torch.autograd.Function):
         ge = grad_entropy.to(lse.dtype) if grad_entropy is not None else None
         for i, (a, b) in enumerate(_vocab_blocks(*saved.shape)):
             x = saved[a:b].to(lse.dtype)
-            g = grad[a:b] if in_place else torch.empty_like(x)
-            if ctx.keep_exp and ge is None:                       # d log p_label / dz = onehot(label) - p
-                g = torch.mul(x, p_scale[i] * (-gl / t), out=g)   # one pass: p = e_b · scale_b / s
-            else:
-                if ctx.keep_exp:
-                    p = torch.mul(x, p_scale[i], out=g)           # p (g may be x itself)
-                    p_log_p = torch.special.xlogy(p, p) if ge is not None else None  # 0 where p underflowed
-                else:
-                    log_p = torch.sub(x / t if t != 1.0 else x, lse, out=g)  # log p (g may be x itself)
-                    p_log_p = log_p.clone() if ge is not None else None
-                    p = log_p.exp_()
-                    if p_log_p is not None:
-                        p_log_p.mul_(p)
-                # dH/dz = -p (log p + H)
-                ent_grad = p_log_p.add_(p * entropy).mul_(-ge) if ge is not None else None
-                g = p.mul_(-gl) if gl is not None else p.zero_()
-                if ent_grad is not None:
-                    g.add_(ent_grad)
-                if t != 1.0:
-                    g.div_(t)
+            g = _block_grad(x, grad[a:b] if in_place else torch.empty_like(x), p_scale[i], lse, entropy, gl, ge,
+                            t, ctx.keep_exp)
             if not in_place:
                 grad[a:b] = g
         if gl is not None:  # the onehot(label) part
@@ -170,3 +184,106 @@ def logprobs_and_entropy(logits_t: Tensor, labels: Tensor, temperature: float = 
     ``with_entropy=False`` skips the entropy (returned as NaN; it then takes no gradient).
     """
     return _LogProbsAndEntropy.apply(logits_t, labels, float(temperature), bool(overwrite_logits), bool(with_entropy))
+
+
+class _HeadLogProbsAndEntropy(torch.autograd.Function):
+    """:class:`_LogProbsAndEntropy` with the LM head's matmuls inside: the forward pass computes
+    ``z = W_b·hᵀ (+ b_b)`` block by block of vocabulary rows straight into the ``[V, N]`` buffer that keeps
+    ``e``, and the backward pass never forms the gradient of the logits when only the log-probs carry
+    one (the trainer's case, ``ent_coef = 0``).
+
+    Why: the gradient of block b is ``g_b = onehot·c - e_b·diag(σ_b)`` with ``c = gl/t`` and ``σ_b`` the
+    per-token ``scale_b·gl/(s·t)``. Forming it is one more trip of the ``[V, N]`` logits through main
+    memory (a read and a write of 160 MB for 800 tokens x 50257) before the two matmuls read it again. The
+    per-token factor can go on the small side instead: ``dW_b = -e_b (σ_b ⊙ h)`` and ``dh -= σ_b ⊙ (e_bᵀ
+    W_b)``, and the onehot part is ``dh += c ⊙ W[label]``, ``dW[label] += c ⊙ h`` (``[N, H]`` work).
+    With an entropy gradient each block's gradient is formed in one block-sized buffer that stays in cache.
+    Measured (``benchmarks/head_kernel.py``, 2 threads, medians of 9 interleaved rounds; forward + backward
+    of one minibatch, head matmuls included): 800 tokens x width 128, 187-194 -> 180-183 ms; 512 x 256,
+    217 ms either way; one PPO iteration of ``benchmarks/ppo_iteration.py`` 2.17 -> 2.12 s (2 layers, width
+    128). Without gradients the logits of only one block exist (8 MB instead of 100 MB per 512 tokens).
+    """
+
+    @staticmethod
+    def forward(ctx, hidden: Tensor, weight: Tensor, bias: Tensor | None, labels: Tensor, temperature: float,
+                with_entropy: bool):
+        (V, _), N = weight.shape, hidden.shape[0]
+        keep_exp = any(ctx.needs_input_grad[:3])
+        store = hidden.new_empty(V, N) if keep_exp else None            # e of every block, for the backward
+        blocks = _vocab_blocks(V, N)
+        # the tokens whose label lies in each block: their logit is read while the block is fresh
+        order = torch.argsort(labels)
+        starts = torch.tensor([a for a, _ in blocks], device=labels.device)
+        bounds = torch.searchsorted(labels[order], starts).tolist() + [N]
+        picked, hidden_t = hidden.new_empty(N), hidden.T
+        stats, scratch, buf = [], [], None
+        for i, (a, b) in enumerate(blocks):
+            if store is not None:
+                z = store[a:b]
+            else:                                                       # no gradient: one block at a time
+                buf = hidden.new_empty(b - a, N) if buf is None else buf
+                z = buf[: b - a]
+            if bias is not None:
+                torch.addmm(bias[a:b, None], weight[a:b], hidden_t, out=z)
+            else:
+                torch.mm(weight[a:b], hidden_t, out=z)
+            cols = order[bounds[i]:bounds[i + 1]]
+            picked[cols] = z[labels[cols] - a, cols]
+            stats.append(_block_forward(z, temperature, with_entropy, keep_exp, scratch))
+        lse, entropy, p_scale = _combine(*zip(*stats), with_entropy)
+        if not with_entropy:
+            ctx.mark_non_differentiable(entropy)
+        ctx.save_for_backward(hidden, weight, bias, labels, store, lse, entropy, p_scale)
+        ctx.temperature, ctx.blocks = temperature, blocks
+        ctx.set_materialize_grads(False)  # an unused entropy gets no gradient pass
+        return picked / temperature - lse, entropy
+
+    @staticmethod
+    def backward(ctx, grad_logp: Tensor | None, grad_entropy: Tensor | None):
+        if grad_logp is None and grad_entropy is None:
+            return None, None, None, None, None, None
+        hidden, weight, bias, labels, store, lse, entropy, p_scale = ctx.saved_tensors
+        need_h, need_w, need_b = ctx.needs_input_grad[:3]
+        t, gl, ge = ctx.temperature, grad_logp, grad_entropy
+        grad_h = torch.zeros_like(hidden) if need_h else None
+        grad_w = torch.empty_like(weight) if need_w else None
+        grad_b = torch.empty_like(bias) if need_b else None
+        buf = None
+        for i, (a, b) in enumerate(ctx.blocks):
+            e_b = store[a:b]                                            # [Vb, N], left as it is
+            if ge is None:                                              # g_b = -e_b · diag(σ_b), never formed
+                sigma = p_scale[i] * (gl / t)                           # [N]
+                if need_h:
+                    grad_h.addcmul_(e_b.T @ weight[a:b], sigma[:, None], value=-1.0)
+                if need_w:
+                    torch.mm(e_b, hidden * -sigma[:, None], out=grad_w[a:b])
+                if need_b:
+                    torch.mv(e_b, -sigma, out=grad_b[a:b])
+                continue
+            buf = torch.empty_like(e_b) if buf is None else buf
+            g = _block_grad(e_b, buf[: b - a], p_scale[i], lse, entropy, gl, ge, t, True)
+            if need_h:
+                grad_h.addmm_(g.T, weight[a:b])
+            if need_w:
+                torch.mm(g, hidden, out=grad_w[a:b])
+            if need_b:
+                torch.sum(g, 1, out=grad_b[a:b])
+        if gl is not None:  # the onehot(label) part of d log p_label / dz: c = gl / t at (label, token)
+            c = gl / t
+            if need_h:
+                grad_h.addcmul_(weight[labels], c[:, None])
+            if need_w:
+                grad_w.index_add_(0, labels, hidden * c[:, None])
+            if need_b:
+                grad_b.index_add_(0, labels, c)
+        return grad_h, grad_w, grad_b, None, None, None
+
+
+def head_logprobs_and_entropy(hidden: Tensor, weight: Tensor, bias: Tensor | None, labels: Tensor,
+                              temperature: float = 1.0, with_entropy: bool = True) -> tuple[Tensor, Tensor]:
+    """:func:`logprobs_and_entropy` of the logits ``hidden @ weightᵀ + bias``, with the head's matmuls inside
+    the blockwise pass: ``hidden [N, H]``, ``weight [V, H]`` and ``bias [V]`` (or None) of an LM head, all
+    float32, ``labels [N]`` -> ``(log_probs [N], entropy [N])`` (entropy NaN and gradient-free unless
+    ``with_entropy``). Gradients flow to ``hidden``, ``weight`` and ``bias`` (:class:`_HeadLogProbsAndEntropy`);
+    without gradients only one block of logits exists at a time."""
+    return _HeadLogProbsAndEntropy.apply(hidden, weight, bias, labels, float(temperature), bool(with_entropy))

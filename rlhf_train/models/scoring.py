@@ -10,8 +10,9 @@ a whole LM (the reference's log-probs).
 
 Why the head is not simply ``head(hidden)``: the ``[B, T, V]`` logits are the largest tensors of PPO.
 Without top-k / top-p they are computed vocabulary-major (``W @ hᵀ``, 1.5x faster on CPU) and go through
-the fused kernel :func:`rlhf_train.core.logprob_kernel.logprobs_and_entropy`; without gradients the head
-also runs on blocks of about 512 tokens, so scoring memory is O(block·V), not O(B·T·V).
+the fused kernel :func:`rlhf_train.core.logprob_kernel.head_logprobs_and_entropy` (the head's matmuls
+inside its blocks; :func:`~rlhf_train.core.logprob_kernel.logprobs_and_entropy` on the logits for other heads);
+without gradients the head runs on blocks of about 512 tokens, so scoring memory never grows with B·T.
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from torch import nn
 from rlhf_train.core.containers import position_ids_from_mask
 from rlhf_train.core.logprob_kernel import (
     entropy_from_logits,
+    head_logprobs_and_entropy,
     logprobs_and_entropy,
     logprobs_of_labels,
 )
@@ -73,15 +75,26 @@ def vocab_major_logits(head: nn.Module, hidden: torch.Tensor, out: torch.Tensor 
     return logits_t + head.bias[:, None] if head.bias is not None else logits_t
 
 
+def _plain_float32_head(head: nn.Module, hidden: torch.Tensor) -> bool:
+    """Whether ``head`` is an ``nn.Linear`` with its whole float32 weight, applied to float32 ``hidden``
+    outside autocast: what :func:`head_logprobs_and_entropy` computes exactly."""
+    w = getattr(head, "weight", None)
+    return (isinstance(head, nn.Linear) and w is not None and tuple(w.shape) == (head.out_features, head.in_features)
+            and w.dtype == hidden.dtype == torch.float32 and not torch.is_autocast_enabled(hidden.device.type))
+
+
 def _head_logprobs(hidden, head, labels, temperature, top_k, top_p, with_entropy):
     """(log π(label), entropy or None) from hidden states ``[N, H]`` under the sampling distribution."""
-    if not top_k and top_p >= 1.0:  # one blockwise pass over V; its gradient reuses the logits' memory
+    if not top_k and top_p >= 1.0:  # one blockwise pass over V
         N, pad = hidden.shape[0], -hidden.shape[0] % 8  # N a multiple of 8: see _NO_GRAD_HEAD_TOKENS
         if pad:
             hidden, labels = nn.functional.pad(hidden, (0, 0, 0, pad)), nn.functional.pad(labels, (0, pad))
-        logits_t = vocab_major_logits(head, hidden)
-        log_probs, entropy = logprobs_and_entropy(logits_t, labels, temperature, overwrite_logits=True,
-                                                  with_entropy=with_entropy)
+        if _plain_float32_head(head, hidden):  # the head's matmuls inside the blocks
+            log_probs, entropy = head_logprobs_and_entropy(hidden, head.weight, head.bias, labels, temperature,
+                                                           with_entropy)
+        else:  # the logits first; the kernel's gradient reuses their memory
+            log_probs, entropy = logprobs_and_entropy(vocab_major_logits(head, hidden), labels, temperature,
+                                                      overwrite_logits=True, with_entropy=with_entropy)
         return log_probs[:N], entropy[:N] if with_entropy else None
     # top-k / top-p: the filtered distribution, and (as without filtering) the entropy of logits / temperature
     logits = head(hidden)
