@@ -88,9 +88,12 @@ def test_kill_resume_on_two_machines_preempt_resume_gives_the_uninterrupted_metr
     cache, deadline = tmp_path / "cache", time.monotonic() + TIMEOUT_S
     ref, res = tmp_path / "reference", tmp_path / "resumed"
     env = _env(cache)
-    # A + B side by side
-    a = _start([*ACCELERATE, *ONE_MACHINE, WORKER, *CFG, f"hydra.run.dir={ref}"], tmp_path, tmp_path / "A.log", env)
-    b = _start([*ACCELERATE, *ONE_MACHINE, WORKER, *CFG, f"hydra.run.dir={res}"], tmp_path, tmp_path / "B.log", env)
+    # A + B side by side, each on a port of its own (started together, both could otherwise see accelerate's
+    # default port free and then race for it: EADDRINUSE)
+    a = _start([*ACCELERATE, *ONE_MACHINE, "--main_process_port", str(_free_port()), WORKER, *CFG,
+                f"hydra.run.dir={ref}"], tmp_path, tmp_path / "A.log", env)
+    b = _start([*ACCELERATE, *ONE_MACHINE, "--main_process_port", str(_free_port()), WORKER, *CFG,
+                f"hydra.run.dir={res}"], tmp_path, tmp_path / "B.log", env)
     try:
         _until(lambda: (res / "checkpoints" / "iter_000002" / "COMPLETE").exists(), b, tmp_path / "B.log", deadline,
                "checkpoint 2")
