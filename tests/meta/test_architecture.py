@@ -1,0 +1,156 @@
+"""The source tree shows the architecture: layers import only downwards, core is pure math, files stay small.
+
+Layers, bottom to top (the first package under ``rlhf_train/``; the top-level ``__init__.py`` and
+``__main__.py`` sit above everything)::
+
+    core < infra < models < data < generation = rewards < algorithms < rollout < tasks < loop
+         < pipeline < config < tools < __main__
+
+Every import is read with :mod:`ast` (module level and inside functions, ``import x`` and
+``from x import y``, relative imports resolved), so a lazy import inside a function counts too.
+"""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[2] / "rlhf_train"
+
+# Rank of each layer. generation and rewards share a rank: siblings, and only a strictly higher rank is forbidden.
+LAYERS: dict[str, int] = {
+    "core": 0,
+    "infra": 1,
+    "models": 2,
+    "data": 3,
+    "generation": 4,
+    "rewards": 4,
+    "algorithms": 5,
+    "rollout": 6,
+    "tasks": 7,
+    "loop": 8,
+    "pipeline": 9,
+    "config": 10,
+    "tools": 11,
+}
+TOP = "__main__"  # the package's own __init__.py / __main__.py, and `import rlhf_train` itself
+LAYERS[TOP] = 12
+
+MAX_LINES = 400
+# Third-party libraries that pure tensor math in core/ must not touch (models, configs, launchers, services).
+CORE_FORBIDDEN = ("transformers", "hydra", "omegaconf", "accelerate", "deepspeed", "ray", "wandb")
+
+
+def _sources() -> list[Path]:
+    return sorted(p for p in PACKAGE.rglob("*.py") if "__pycache__" not in p.parts)
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _layer(module: str) -> str:
+    """Layer of a dotted ``rlhf_train...`` module name."""
+    parts = module.split(".")
+    if len(parts) == 1 or parts[1] == "__main__":
+        return TOP
+    if parts[1] not in LAYERS:
+        raise AssertionError(
+            f"{module}: 'rlhf_train.{parts[1]}' is not a layer; move the module into a layer folder, "
+            "or add a new layer folder to LAYERS in tests/meta/test_architecture.py"
+        )
+    return parts[1]
+
+
+def _imports(path: Path, own: str | None = None) -> list[tuple[int, str]]:
+    """(line, absolute dotted module) of every import in ``path``, at any depth of the syntax tree.
+
+    ``from a.b import c`` yields ``a.b.c`` (``c`` may be a submodule; when it is a name defined in
+    ``a.b`` the layer is the same, since layers are decided by the first package under rlhf_train).
+    """
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    own = own or _module_name(path)
+    package = own if path.name == "__init__.py" else own.rpartition(".")[0]
+    out: list[tuple[int, str]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out.extend((node.lineno, alias.name) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:  # relative: climb level - 1 packages from this module's package
+                base = package.split(".")
+                base = base[: len(base) - (node.level - 1)]
+                mod = ".".join(base + ([node.module] if node.module else []))
+            else:
+                mod = node.module or ""
+            out.extend((node.lineno, f"{mod}.{alias.name}" if alias.name != "*" else mod) for alias in node.names)
+    return out
+
+
+def _rel(path: Path) -> str:
+    return str(path.relative_to(PACKAGE.parent))
+
+
+def test_layers_import_only_downwards():
+    bad = []
+    for path in _sources():
+        importer = _module_name(path)
+        own = _layer(importer)
+        for line, mod in _imports(path):
+            if mod != "rlhf_train" and not mod.startswith("rlhf_train."):
+                continue
+            other = _layer(mod)
+            if LAYERS[other] > LAYERS[own]:
+                bad.append(f"{_rel(path)}:{line} ({own}) imports {mod} ({other}), a layer above it")
+    assert not bad, "layering violations (a module may import only its own layer or those below):\n" + "\n".join(bad)
+
+
+def test_core_is_pure_math():
+    bad = []
+    for path in sorted((PACKAGE / "core").rglob("*.py")):
+        for line, mod in _imports(path):
+            root = mod.split(".")[0]
+            if root == "rlhf_train" and _layer(mod) != "core":
+                bad.append(f"{_rel(path)}:{line} imports {mod}: core may import only rlhf_train.core")
+            elif root in CORE_FORBIDDEN:
+                bad.append(f"{_rel(path)}:{line} imports {mod}: core is pure tensor math, no {root}")
+    assert not bad, "core/ must stay pure tensor math:\n" + "\n".join(bad)
+
+
+def test_no_file_over_400_lines():
+    long = []
+    for path in sorted(p for p in PACKAGE.rglob("*") if p.is_file() and "__pycache__" not in p.parts):
+        try:
+            n = len(path.read_text(encoding="utf-8").splitlines())
+        except UnicodeDecodeError:
+            continue
+        if n > MAX_LINES:
+            long.append(f"{_rel(path)}: {n} lines")
+    assert not long, f"files over {MAX_LINES} lines (split by concept):\n" + "\n".join(long)
+
+
+@pytest.mark.parametrize(
+    # every folder holding Python code, and the folders above it
+    "package", sorted({_rel(d) for p in _sources() for d in p.parents if d.is_relative_to(PACKAGE)})
+)
+def test_package_has_docstring(package):
+    init = PACKAGE.parent / package / "__init__.py"
+    assert init.is_file(), f"{package}/ has no __init__.py: add one with a docstring naming its layer"
+    doc = ast.get_docstring(ast.parse(init.read_text(encoding="utf-8")))
+    assert doc and doc.strip(), f"{package}/__init__.py has no docstring: say what the layer holds and what it may import"
+
+
+def test_every_package_has_a_layer():
+    for path in _sources():
+        _layer(_module_name(path))  # raises with the package name when a new top-level package is missing
+
+
+def test_import_scanner_sees_lazy_and_relative_imports(tmp_path):
+    """The scanner itself: function-level, ``from``-style and relative imports are all resolved."""
+    probe = tmp_path / "probe.py"
+    probe.write_text("def f():\n    from ..loop import trainer\n    import rlhf_train.pipeline.run\nfrom . import masked\n")
+    found = sorted(m for _, m in _imports(probe, own="rlhf_train.core.probe"))
+    assert found == ["rlhf_train.core.masked", "rlhf_train.loop.trainer", "rlhf_train.pipeline.run"]

@@ -1,0 +1,126 @@
+"""rlhf_train's own KV-cached sampling loop (``generation/decode.py``) and its sampler (issue 19).
+
+1. Greedy tokens equal ``transformers``' ``generate`` for GPT-2, GPT-NeoX, Llama, Qwen2 and Gemma on
+   left-padded prompts (same positions, mask and cache conventions), and the hidden states the value
+   head reads equal those ``generate``'s steps produce.
+2. Sampled tokens' log-probs equal one scoring pass over prompt + response (what the update computes:
+   the first PPO ratio is 1), with temperature and with top-k.
+3. ``sample_vocab_major`` draws from ``softmax(logits / τ)`` (chi-square over a vocabulary of several
+   blocks and a tail), never draws a token of zero probability, and returns its draws' log-probs.
+4. ``rollout.hf_generate=true`` (and a ``generation_config``) go through ``generate``; the loop is the default.
+5. ``num_samples``: one prefill per prompt, its KV cache repeated: the same greedy tokens and hidden states
+   as prefilling every row, and sampled log-probs equal to one scoring pass.
+
+Budget: < 10 s on 2 CPU cores.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rlhf_train.core.sampling import SamplingParams, sample_vocab_major
+from rlhf_train.generation.decode import can_drive, sample_with_cache
+from rlhf_train.generation.hf_generate import HFGenerateBackend, last_hidden_per_step
+from rlhf_train.models.scoring import lm_trunk_and_head, sequence_logprobs
+from tests.helpers.byo import ARCHS, chat_tokenizer, tiny_config
+
+
+def _tiny_lm(arch: str, seed: int = 0):
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    return AutoModelForCausalLM.from_config(tiny_config(arch, chat_tokenizer())).eval()
+
+
+def _left_padded_prompts(vocab: int, pad: int):
+    g = torch.Generator().manual_seed(1)
+    prompt = torch.randint(4, vocab, (3, 7), generator=g)
+    mask = torch.ones_like(prompt, dtype=torch.bool)
+    mask[0, :3] = False  # left padding, as the data loaders pad prompts
+    mask[2, :1] = False
+    return prompt.masked_fill(~mask, pad), mask
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHS))
+def test_greedy_tokens_and_hidden_states_equal_generate(arch):
+    lm = _tiny_lm(arch)
+    assert can_drive(lm)
+    prompt, mask = _left_padded_prompts(lm.config.vocab_size, pad=1)
+    kw = dict(eos_token_id=0, pad_token_id=1)
+    ours, log_probs, hidden = sample_with_cache(lm, prompt, mask, max_new_tokens=8, do_sample=False,
+                                                keep_hidden=True, **kw)
+    trunk = lm_trunk_and_head(lm)[0]
+    with torch.no_grad(), last_hidden_per_step(trunk) as steps:
+        theirs = lm.generate(input_ids=prompt, attention_mask=mask.long(), max_new_tokens=8, do_sample=False, **kw)
+    theirs = theirs[:, prompt.shape[1]:]
+    assert log_probs is None
+    assert torch.equal(ours, theirs[:, :ours.shape[1]])
+    torch.testing.assert_close(hidden, torch.stack(steps, 1)[:, :hidden.shape[1]], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("sampling", [SamplingParams(0.7), SamplingParams(1.0, top_k=5)], ids=["temp", "top_k"])
+@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+def test_sampled_log_probs_equal_one_scoring_pass(arch, sampling):
+    lm = _tiny_lm(arch)
+    prompt, mask = _left_padded_prompts(lm.config.vocab_size, pad=1)
+    torch.manual_seed(0)
+    response, log_probs, _ = sample_with_cache(lm, prompt, mask, max_new_tokens=10, eos_token_id=-1,
+                                               pad_token_id=1, sampling=sampling)
+    assert response.shape == log_probs.shape == (3, 10)
+    full = torch.cat([prompt, response], 1)
+    full_mask = torch.cat([mask, torch.ones_like(response, dtype=torch.bool)], 1)
+    scored = sequence_logprobs(lm, full, full_mask, prompt.shape[1], sampling.temperature, sampling.top_k,
+                               sampling.top_p)
+    torch.testing.assert_close(log_probs, scored, atol=2e-5, rtol=0)
+
+
+def test_vocab_major_sampler_distribution_and_log_probs():
+    torch.manual_seed(0)
+    pattern = torch.tensor([2.0, 1.0, 0.0, -1.0, 0.5, -3.0, -1e4, 1.5])  # -1e4: zero probability
+    logits = pattern.repeat(100)                                       # V = 800: 3 blocks of 256 + a tail
+    n = 20000
+    tokens, log_probs = sample_vocab_major(logits[:, None].repeat(1, n).contiguous(), temperature=0.7)
+    probs = torch.softmax(logits / 0.7, 0)
+    assert (pattern[tokens % 8] > -1e4).all()                          # never a zero-probability token
+    counts = torch.bincount(tokens % 8, minlength=8).double()[[0, 1, 2, 3, 4, 5, 7]]
+    expected = n * probs.view(100, 8).sum(0).double()[[0, 1, 2, 3, 4, 5, 7]]
+    assert (((counts - expected) ** 2) / expected).sum() < 30.0      # 6 degrees of freedom: p < 1e-4
+    # each position within its block: a chi-square over the 800 ids of the likeliest class (id % 8 == 0)
+    per_id = torch.bincount(tokens[tokens % 8 == 0] // 8, minlength=100).double()
+    assert (((per_id - per_id.mean()) ** 2) / per_id.mean()).sum() < 170.0  # 99 dof: p < 1e-4
+    torch.testing.assert_close(log_probs, torch.log(probs)[tokens], atol=1e-6, rtol=0)
+
+
+def test_the_loop_is_the_default_and_hf_generate_stays_available():
+    lm = _tiny_lm("llama")
+    prompt, mask = _left_padded_prompts(lm.config.vocab_size, pad=1)
+    calls = []
+    original = lm.generate
+
+    def counting_generate(*args, **kwargs):
+        calls.append(1)
+        return original(*args, **kwargs)
+
+    lm.generate = counting_generate
+    for decode_loop, expected_calls in ((True, 0), (False, 1)):
+        backend = HFGenerateBackend(lm, eos_token_id=0, pad_token_id=1, max_new_tokens=5, decode_loop=decode_loop)
+        gen = backend.generate(prompt, mask, num_samples=2)
+        assert gen.response.shape == gen.log_probs.shape == (6, 5)
+        assert len(calls) == expected_calls
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHS))
+def test_one_prefill_per_prompt_gives_each_sample_the_prompts_cache(arch):
+    lm = _tiny_lm(arch)
+    prompt, mask = _left_padded_prompts(lm.config.vocab_size, pad=1)
+    kw = {"eos_token_id": -1, "pad_token_id": 1, "max_new_tokens": 6}
+    greedy, _, hidden = sample_with_cache(lm, prompt, mask, do_sample=False, keep_hidden=True, **kw)
+    shared, _, shared_hidden = sample_with_cache(lm, prompt, mask, do_sample=False, keep_hidden=True,
+                                                 num_samples=3, **kw)
+    assert torch.equal(shared, greedy.repeat_interleave(3, 0))
+    torch.testing.assert_close(shared_hidden, hidden.repeat_interleave(3, 0), atol=1e-5, rtol=1e-5)
+    torch.manual_seed(0)
+    sampled, log_probs, _ = sample_with_cache(lm, prompt, mask, num_samples=3, **kw)
+    full = torch.cat([prompt.repeat_interleave(3, 0), sampled], 1)
+    full_mask = torch.cat([mask.repeat_interleave(3, 0), torch.ones_like(sampled, dtype=torch.bool)], 1)
+    torch.testing.assert_close(log_probs, sequence_logprobs(lm, full, full_mask, prompt.shape[1]), atol=2e-5, rtol=0)
