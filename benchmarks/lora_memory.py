@@ -101,7 +101,7 @@ def run_mode(a) -> dict:
         "tokenizer._target_=lora_memory.stand_in_tokenizer", "reward_model._target_=lora_memory.StandInReward",
         "data=synthetic", f"data.batch_size={a.batch}", f"data.min_prompt_tokens={a.prompt_len // 2}",
         f"data.max_prompt_tokens={a.prompt_len}", f"data.max_prompts={a.batch * a.iterations}",
-        f"rollout.max_new_tokens={a.new_tokens}", f"ppo.num_epochs={a.epochs}", f"ppo.minibatch_size={a.minibatch}",
+        f"rollout.max_new_tokens={a.new_tokens}", f"update.num_epochs={a.epochs}", f"update.minibatch_size={a.minibatch}",
         f"trainer.num_iterations={a.iterations}", "trainer.checkpoint_every=100000", "trainer.samples_every=100000",
         f"trainer.num_threads={a.threads}", "trainer.cpu=true",
         f"policy.lora.r={a.rank if a.mode == 'lora' else 0}", f"policy.lora.alpha={2 * a.rank}",

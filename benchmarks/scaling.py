@@ -11,7 +11,7 @@ a last line summarises:
   the rollout stores tokens once per sequence (``[B, P+T]``) and never the ``[B, T, V]`` logits, so it
   grows by little from 1x to 4x (the torchrl example stores ``[B, T, P+T]`` token prefixes);
 * ``peak_rss_mb``: the whole iteration's peak, which includes the PPO update's ``[minibatch·T, V]``
-  LM-head logits (bounded with ``ppo.gradient_accumulation_steps``).
+  LM-head logits (bounded with ``update.gradient_accumulation_steps``).
 
     python benchmarks/scaling.py                       # 50, 100, 200 new tokens
     python benchmarks/scaling.py --new-tokens 50 200   # memory at 50 vs 200

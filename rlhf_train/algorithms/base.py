@@ -1,11 +1,13 @@
 """The algorithm seam: how advantages are estimated, what the loss is, whether there is a critic, and
 where the KL term goes.
 
-A new algorithm goes in ``rlhf_train/algorithms/<name>.py`` as a class with the attributes and methods
-of :class:`Algorithm` (its math as pure functions in ``rlhf_train/core/``), plus a config; the loop
-(``rlhf_train/loop/trainer.py``) and the minibatch update (:mod:`rlhf_train.algorithms.update`) stay as
-they are. A new advantage estimator is a pure function in ``rlhf_train/core/advantages.py`` wrapped as
-an :class:`AdvantageEstimator`. Implementations: :class:`rlhf_train.algorithms.ppo.PPO` with
+A new algorithm (or a new advantage estimator for the critic-free one) is ONE file
+``rlhf_train/algorithms/<name>.py`` holding a class with the attributes and methods of :class:`Algorithm`
+(or an :class:`AdvantageEstimator` handed to :class:`~rlhf_train.algorithms.critic_free.PolicyGradient`) and
+a factory ``(algorithm cfg, update cfg, group_size, max_new_tokens) -> Algorithm``; plus ONE line naming the
+factory in :data:`rlhf_train.algorithms.registry.ALGORITHMS` and its ``conf/algorithm/<name>.yaml``. Its
+math goes in ``rlhf_train/core/`` as pure functions. The loop (``rlhf_train/loop/trainer.py``) and the
+minibatch update (:mod:`rlhf_train.algorithms.update`) stay as they are. Implementations: :class:`rlhf_train.algorithms.ppo.PPO` with
 :class:`rlhf_train.algorithms.ppo.GAE`; :class:`rlhf_train.algorithms.critic_free.PolicyGradient` (GRPO,
 RLOO, REINFORCE++) with its estimators.
 """
@@ -59,8 +61,10 @@ class Algorithm(Protocol):
     """An RL algorithm as the loop sees it."""
 
     needs_critic: bool      # a value head is built, trained (value loss) and read during rollouts
-    kl_in_reward: bool      # True: the KL penalty is shaped into the per-token reward (the transform stack)
-                            # False: the algorithm puts it in its loss (the rollout still carries ref log-probs)
+    kl_in_reward: bool      # True: the KL penalty is shaped into the per-token reward (the shaping stack, with
+                            # the KL controller's β); False: the rollout is shaped with β = 0
+    kl_in_loss: bool        # the algorithm's loss holds a KL term to the reference (GRPO's β·k3)
+    kl_weight: float        # that term's weight (0 when kl_in_loss is False): what the loop logs as β
     needs_reference: bool   # a reference model is built and run (KL in the reward or in the loss)
     needs_entropy: bool     # the loss uses the policy entropy (an entropy bonus): computed every epoch
     estimator: AdvantageEstimator

@@ -1,6 +1,6 @@
 """The algorithms' config sections as plain dataclasses, free of torch so the command line's config
 schemas (rlhf_train/config/schema.py registers them with Hydra) can import them without loading torch.
-A new algorithm with its own section adds its dataclass here."""
+A new algorithm with keys of its own adds them to :class:`AlgorithmConfig`."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -8,38 +8,42 @@ from typing import Optional
 
 
 @dataclass
-class PPOConfig:
-    """The ``ppo`` config section (conf/ppo/default.yaml explains each key); also its Hydra schema
-    (``ppo_schema``, registered in rlhf_train/config/schema.py), so the two cannot drift."""
+class UpdateConfig:
+    """The ``update`` config section (conf/update/default.yaml explains each key): the minibatch update's
+    keys, shared by every algorithm; also its Hydra schema (``update_schema``), so the two cannot drift."""
 
     num_epochs: int = 4
     minibatch_size: int = 16
     gradient_accumulation_steps: int = 1
     clip_eps: float = 0.2
-    clip_eps_value: float = 0.2
-    vf_coef: float = 0.1
     ent_coef: float = 0.0
-    gamma: float = 1.0
-    lam: float = 0.95
-    whiten_advantages: bool = True
     max_grad_norm: Optional[float] = 1.0  # Optional[...], not `| None`: OmegaConf reads this as a schema
 
 
-ALGORITHM_NAMES = ("ppo", "grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline")
+# the keys of the former `ppo` section and where each lives now (a `ppo.*` override is refused with this)
+MOVED_PPO_KEYS = {"num_epochs": "update", "minibatch_size": "update", "gradient_accumulation_steps": "update",
+                  "clip_eps": "update", "ent_coef": "update", "max_grad_norm": "update", "clip_eps_value": "algorithm",
+                  "vf_coef": "algorithm", "gamma": "algorithm", "lam": "algorithm", "whiten_advantages": "algorithm"}
 
 
 @dataclass
 class AlgorithmConfig:
     """The ``algorithm`` config group (conf/algorithm/<name>.yaml explains each key; also its Hydra schema,
     ``algorithm_schema``). It picks the advantage estimator, the policy loss's variants and where the KL
-    term goes; the update's shared keys (epochs, minibatch size, clip_eps, ...) stay in ``ppo``."""
+    term goes; the update's shared keys (epochs, minibatch size, clip_eps, ...) are ``update``'s. Keys marked
+    [ppo] are read by PPO only; ``gamma`` by PPO and REINFORCE++."""
 
     name: str = "ppo"                    # ppo | grpo | rloo | reinforce_pp | reinforce_pp_baseline
     scale_rewards: str = "group"         # grpo: group | batch | none (Dr. GRPO)
     loss_agg: str = "token_mean"         # token_mean | seq_mean_token_mean | seq_mean_token_sum_norm
     norm_length: Optional[int] = None    # seq_mean_token_sum_norm's divisor (null = rollout.max_new_tokens)
-    clip_low: Optional[float] = None     # ratio clipped below at 1 - clip_low (null = ppo.clip_eps)
-    clip_high: Optional[float] = None    # ratio clipped above at 1 + clip_high (null = ppo.clip_eps)
+    clip_low: Optional[float] = None     # ratio clipped below at 1 - clip_low (null = update.clip_eps)
+    clip_high: Optional[float] = None    # ratio clipped above at 1 + clip_high (null = update.clip_eps)
     ratio_level: str = "token"           # token | sequence (GSPO)
     kl_in_reward: bool = True            # the KL penalty is shaped into the reward (transform stack + controller)
     beta: float = 0.0                    # weight of the k3 KL to the reference in the loss (needs kl_in_reward false)
+    gamma: float = 1.0                   # [ppo, reinforce_pp] discount of the returns
+    lam: float = 0.95                    # [ppo] GAE lambda
+    vf_coef: float = 0.1                 # [ppo] weight of the value loss
+    clip_eps_value: float = 0.2          # [ppo] value clip epsilon (around the rollout's values)
+    whiten_advantages: bool = True       # [ppo] normalise advantages over the batch's response tokens

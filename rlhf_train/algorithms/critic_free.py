@@ -2,7 +2,8 @@
 REINFORCE++ and REINFORCE++-baseline (Hu 2025), with the loss variants of DAPO (clip-higher, token-mean
 aggregation), Dr. GRPO (no std scaling, a constant length divisor) and GSPO (sequence-level ratio).
 
-One :class:`PolicyGradient` algorithm serves them all: its estimator (chosen by ``algorithm.name``) makes
+One :class:`PolicyGradient` algorithm serves them all: its estimator (one factory per ``algorithm.name``, at
+the end of this file, named in :mod:`rlhf_train.algorithms.registry`) makes
 the advantages, its loss is the clipped surrogate (:func:`~rlhf_train.core.losses.clipped_surrogate`)
 aggregated per ``algorithm.loss_agg``, plus ``beta`` × k3 KL to the reference per token when the KL goes
 in the loss (GRPO). No value head, value loss or returns. The math is in ``rlhf_train/core/``.
@@ -15,8 +16,8 @@ from __future__ import annotations
 
 import torch
 
-from rlhf_train.algorithms.base import AllReduceSum, PolicyOutput, finite_rows
-from rlhf_train.algorithms.configs import AlgorithmConfig, PPOConfig
+from rlhf_train.algorithms.base import AdvantageEstimator, AllReduceSum, PolicyOutput, finite_rows
+from rlhf_train.algorithms.configs import AlgorithmConfig, UpdateConfig
 from rlhf_train.core.advantages import (
     discounted_returns,
     group_mean_baseline,
@@ -82,35 +83,25 @@ class ReinforcePP:
         return global_masked_whiten(returns, mask & ok[:, None], all_reduce_sum), None
 
 
-def build_estimator(cfg: AlgorithmConfig, ppo: PPOConfig, group_size: int):
-    if cfg.name == "grpo":
-        return GroupNormalized(group_size, cfg.scale_rewards)
-    if cfg.name == "rloo":
-        return LeaveOneOut(group_size)
-    if cfg.name == "reinforce_pp":
-        return ReinforcePP(ppo.gamma)
-    if cfg.name == "reinforce_pp_baseline":
-        return ReinforcePP(ppo.gamma, group_size)
-    raise ValueError(f"no critic-free estimator named {cfg.name!r}")
-
-
 class PolicyGradient:
     """The critic-free algorithm: clipped surrogate (+ β·k3 KL in the loss, − entropy bonus), aggregated
-    per ``loss_agg``; the estimator per ``name``. ``ppo.clip_eps`` is the clip range unless
-    ``clip_low`` / ``clip_high`` set it; ``ppo.ent_coef`` the entropy bonus."""
+    per ``loss_agg``, with the given estimator. ``update.clip_eps`` is the clip range unless
+    ``clip_low`` / ``clip_high`` set it; ``update.ent_coef`` the entropy bonus."""
 
     needs_critic = False
 
-    def __init__(self, cfg: AlgorithmConfig, ppo: PPOConfig, group_size: int, max_new_tokens: int):
-        self.cfg, self.ppo = cfg, ppo
+    def __init__(self, cfg: AlgorithmConfig, update: UpdateConfig, max_new_tokens: int, estimator: AdvantageEstimator):
+        self.cfg, self.update = cfg, update
         self.kl_in_reward = cfg.kl_in_reward
         self.kl_in_loss = cfg.beta > 0
+        self.kl_weight = cfg.beta if self.kl_in_loss else 0.0
         self.needs_reference = cfg.kl_in_reward or self.kl_in_loss
-        self.needs_entropy = bool(ppo.ent_coef)
-        self.clip_low = ppo.clip_eps if cfg.clip_low is None else cfg.clip_low
-        self.clip_high = ppo.clip_eps if cfg.clip_high is None else cfg.clip_high
+        self.ent_coef = update.ent_coef
+        self.needs_entropy = bool(update.ent_coef)
+        self.clip_low = update.clip_eps if cfg.clip_low is None else cfg.clip_low
+        self.clip_high = update.clip_eps if cfg.clip_high is None else cfg.clip_high
         self.norm_length = cfg.norm_length or max_new_tokens
-        self.estimator = build_estimator(cfg, ppo, group_size)
+        self.estimator = estimator
 
     def loss_units(self, mask: torch.Tensor) -> torch.Tensor:
         """What the loss is a mean over: tokens (``token_mean``) or sequences (the ``seq_mean_*`` modes)."""
@@ -137,7 +128,25 @@ class PolicyGradient:
             stats["loss/kl"] = kl_loss.detach()
         if out.entropy is not None:
             entropy = agg(out.entropy)
-            if self.ppo.ent_coef:
-                loss = loss - self.ppo.ent_coef * entropy
+            if self.ent_coef:
+                loss = loss - self.ent_coef * entropy
             stats["policy/entropy"] = masked_mean(out.entropy, mask).detach()
         return loss, stats
+
+
+# The registry's factories (rlhf_train/algorithms/registry.py): (algorithm cfg, update cfg, group size, T) -> Algorithm
+def grpo(cfg: AlgorithmConfig, update: UpdateConfig, group_size: int, max_new_tokens: int) -> PolicyGradient:
+    return PolicyGradient(cfg, update, max_new_tokens, GroupNormalized(group_size, cfg.scale_rewards))
+
+
+def rloo(cfg: AlgorithmConfig, update: UpdateConfig, group_size: int, max_new_tokens: int) -> PolicyGradient:
+    return PolicyGradient(cfg, update, max_new_tokens, LeaveOneOut(group_size))
+
+
+def reinforce_pp(cfg: AlgorithmConfig, update: UpdateConfig, group_size: int, max_new_tokens: int) -> PolicyGradient:
+    return PolicyGradient(cfg, update, max_new_tokens, ReinforcePP(cfg.gamma))
+
+
+def reinforce_pp_baseline(cfg: AlgorithmConfig, update: UpdateConfig, group_size: int,
+                          max_new_tokens: int) -> PolicyGradient:
+    return PolicyGradient(cfg, update, max_new_tokens, ReinforcePP(cfg.gamma, group_size))

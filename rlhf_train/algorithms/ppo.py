@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from rlhf_train.algorithms.base import AllReduceSum, PolicyOutput, finite_rows
-from rlhf_train.algorithms.configs import PPOConfig
+from rlhf_train.algorithms.configs import AlgorithmConfig, UpdateConfig
 from rlhf_train.core.advantages import gae
 from rlhf_train.core.containers import Rollout
 from rlhf_train.core.losses import policy_loss, value_loss
@@ -34,15 +34,19 @@ class GAE:
 
 
 class PPO:
-    """Clipped surrogate + clipped value loss (+ optional entropy bonus); KL penalty in the reward."""
+    """Clipped surrogate (``update.clip_eps``) + clipped value loss (``algorithm.vf_coef``,
+    ``algorithm.clip_eps_value``) (+ optional entropy bonus, ``update.ent_coef``); KL penalty in the reward."""
 
     needs_critic = True
     kl_in_reward = True
+    kl_in_loss = False
+    kl_weight = 0.0         # no KL in the loss: β is the KL controller's
     needs_reference = True
 
-    def __init__(self, cfg: PPOConfig):
-        self.cfg = cfg
-        self.needs_entropy = bool(cfg.ent_coef)
+    def __init__(self, cfg: AlgorithmConfig, update: UpdateConfig):
+        self.cfg, self.update = cfg, update
+        self.clip_eps, self.ent_coef = update.clip_eps, update.ent_coef
+        self.needs_entropy = bool(update.ent_coef)
         self.estimator = GAE(cfg.gamma, cfg.lam, cfg.whiten_advantages)
 
     @staticmethod
@@ -52,7 +56,7 @@ class PPO:
 
     def loss(self, out: PolicyOutput, mb: Rollout) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         mask = mb.masks.response
-        pg_loss, pg_stats = policy_loss(out.log_probs, mb.sample_log_prob, mb.advantage, mask, self.cfg.clip_eps)
+        pg_loss, pg_stats = policy_loss(out.log_probs, mb.sample_log_prob, mb.advantage, mask, self.clip_eps)
         vf_loss, vf_stats = value_loss(out.values, mb.values, mb.returns, mask, self.cfg.clip_eps_value)
         loss = pg_loss + self.cfg.vf_coef * vf_loss
         stats = {
@@ -62,7 +66,12 @@ class PPO:
         }
         if out.entropy is not None:
             entropy = masked_mean(out.entropy, mask)
-            if self.cfg.ent_coef:  # with no bonus the entropy is only logged: no backward pass through it
-                loss = loss - self.cfg.ent_coef * entropy
+            if self.ent_coef:  # with no bonus the entropy is only logged: no backward pass through it
+                loss = loss - self.ent_coef * entropy
             stats["policy/entropy"] = entropy.detach()
         return loss, stats
+
+
+def build(cfg: AlgorithmConfig, update: UpdateConfig, group_size: int, max_new_tokens: int) -> PPO:
+    """The registry's factory (:mod:`rlhf_train.algorithms.registry`)."""
+    return PPO(cfg, update)

@@ -6,24 +6,13 @@ The algorithm supplies the loss (:meth:`Algorithm.loss`); this module owns every
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
 from rlhf_train.algorithms.base import Algorithm, PolicyOutput, finite_rows
+from rlhf_train.algorithms.configs import UpdateConfig
 from rlhf_train.core.containers import Rollout
 from rlhf_train.core.sampling import SamplingParams
-
-
-@dataclass
-class UpdateConfig:
-    """What the update reads from the config (``ppo.*`` and ``trainer.max_consecutive_faults``)."""
-
-    num_epochs: int = 4
-    minibatch_size: int = 16               # sequences per optimizer step (per process)
-    gradient_accumulation_steps: int = 1   # micro-batches per optimizer step
-    max_grad_norm: float | None = 1.0      # gradient-norm clip (None = off)
-    max_consecutive_faults: int = 3        # stop after this many skipped (non-finite) updates in a row
+from rlhf_train.infra.faults import Faults
 
 
 def policy_forward(policy, mb: Rollout, sampling: SamplingParams, with_entropy: bool) -> PolicyOutput:
@@ -39,15 +28,15 @@ def policy_forward(policy, mb: Rollout, sampling: SamplingParams, with_entropy: 
 
 
 def minibatch_update(policy, optimizer, lr_scheduler, accelerator, rollout: Rollout, algorithm: Algorithm,
-                     sampling: SamplingParams, cfg: UpdateConfig, generator: torch.Generator, fault_state: dict) -> dict:
+                     sampling: SamplingParams, cfg: UpdateConfig, generator: torch.Generator, faults: Faults) -> dict:
     """``cfg.num_epochs`` passes over the rollouts (batch ``[B]``) in minibatches of ``cfg.minibatch_size``.
 
     The loss of each micro-batch is the algorithm's mean over its units (tokens or sequences,
     :meth:`Algorithm.loss_units`), rescaled to this process's share of the mean over all processes' units
     of the minibatch (DDP averages over processes), so N processes ×
     B/N rows give the gradient of 1 × B. A minibatch whose rollout fields (:func:`finite_rows`), loss or
-    gradient norm is not finite is skipped: no optimizer step, counted in ``fault_state["skipped"]``
-    (logged as ``faults/skipped_updates``), its stats left out of the means. ``cfg.max_consecutive_faults``
+    gradient norm is not finite is skipped: no optimizer step, counted in ``faults.skipped``
+    (logged as ``faults/skipped_updates``), its stats left out of the means. ``faults.max_consecutive``
     skips in a row raise ``FloatingPointError`` (the caller checkpoints the last good state).
     """
     B = rollout.batch_size[0]
@@ -82,17 +71,17 @@ def minibatch_update(policy, optimizer, lr_scheduler, accelerator, rollout: Roll
                         loss = loss.nan_to_num(0.0) * 0.0  # keep collectives in step; no update below
                     accelerator.backward(loss)
                     if accelerator.sync_gradients:
-                        _step(policy, optimizer, lr_scheduler, accelerator, cfg, skipped, fault_state, stats)
+                        _step(policy, optimizer, lr_scheduler, accelerator, cfg, skipped, faults, stats)
                 if first_ratio is None:
                     first_ratio = stats["val/ratio"]
                 mb_stats.append(stats)
-            if fault_state["consecutive"] >= cfg.max_consecutive_faults:
+            if faults.too_many_skipped():
                 raise FloatingPointError(
-                    f"{fault_state['consecutive']} updates in a row were skipped for non-finite rewards, "
+                    f"{faults.consecutive} updates in a row were skipped for non-finite rewards, "
                     f"log-probs, advantages, loss or gradients (trainer.max_consecutive_faults="
-                    f"{cfg.max_consecutive_faults})")
+                    f"{faults.max_consecutive})")
             all_stats += mb_stats
-            good_stats += [] if skipped or fault_state["consecutive"] else mb_stats
+            good_stats += [] if skipped or faults.consecutive else mb_stats
     used = good_stats or all_stats  # all skipped: the (non-finite) stats show it
     keys = {k for s in used for k in s}
     out = {k: torch.stack([s[k].float().cpu() for s in used if k in s]).mean() for k in keys}
@@ -100,25 +89,23 @@ def minibatch_update(policy, optimizer, lr_scheduler, accelerator, rollout: Roll
     return out
 
 
-def _step(policy, optimizer, lr_scheduler, accelerator, cfg: UpdateConfig, skipped: bool, fault_state: dict,
+def _step(policy, optimizer, lr_scheduler, accelerator, cfg: UpdateConfig, skipped: bool, faults: Faults,
           stats: dict) -> None:
     """The optimizer step at the end of a minibatch, unless it is skipped or its gradient is not finite."""
     if skipped:
         optimizer.zero_grad(set_to_none=True)
-        fault_state["skipped"] += 1
-        fault_state["consecutive"] += 1
+        faults.skip_update()
         return
     grad_norm = None
     if cfg.max_grad_norm is not None:
         grad_norm = accelerator.clip_grad_norm_(policy.parameters(), cfg.max_grad_norm)
     if grad_norm is not None and not torch.isfinite(torch.as_tensor(grad_norm)):
         optimizer.zero_grad(set_to_none=True)
-        fault_state["skipped"] += 1
-        fault_state["consecutive"] += 1
+        faults.skip_update()
     else:
         optimizer.step()
         lr_scheduler.step()
-        fault_state["consecutive"] = 0
+        faults.good_update()
     if grad_norm is not None:
         stats["policy/grad_norm"] = torch.as_tensor(grad_norm).float()
     optimizer.zero_grad(set_to_none=True)

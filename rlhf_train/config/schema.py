@@ -15,7 +15,7 @@ from typing import Any, Dict, List, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
-from rlhf_train.algorithms.configs import AlgorithmConfig, PPOConfig
+from rlhf_train.algorithms.configs import AlgorithmConfig, UpdateConfig
 
 
 # ---------------------------------------------------------------- models
@@ -57,12 +57,25 @@ class PolicySchema:
 
 
 @dataclass
+class RayServiceSchema:  # ref_model.ray_service -> rlhf_train.models.ray_reference (conf/ref_model/ documents it)
+    enabled: bool = False
+    actor_name: Optional[str] = None
+    address: Optional[str] = None
+    namespace: str = "rlhf_train"
+    num_cpus: float = 1
+    num_gpus: float = 0
+    device: Optional[str] = None
+    detached: bool = False
+
+
+@dataclass
 class RefModelSchema:
     _target_: str = "rlhf_train.models.policy.build_reference"
     pretrained: Optional[str] = None
     copy_policy: bool = True
     trust_remote_code: bool = False
     device: Optional[str] = None
+    ray_service: RayServiceSchema = field(default_factory=RayServiceSchema)
 
 
 @dataclass
@@ -158,7 +171,7 @@ class RolloutSchema:
     score_clip: Optional[float] = 10.0
     logprob_batch_size: Optional[int] = None
     num_samples: int = 1
-    hf_generate: bool = False
+    hf_generate: Optional[bool] = None  # removed: generation=hf_generate (the check names it)
 
 
 @dataclass
@@ -283,8 +296,10 @@ class Config:
     transforms: Any = MISSING
     data: Any = MISSING
     rollout: Any = MISSING
-    ppo: Any = MISSING
+    generation: Any = MISSING  # the generation backend (conf/generation/: _target_ of a GenerationBackend)
+    update: Any = MISSING  # read it as cfg["update"] in Python: cfg.update is DictConfig's dict method
     algorithm: Any = MISSING
+    ppo: Optional[Any] = None  # removed: its keys are update.* and algorithm.* (the check names each)
     optimizer: Any = MISSING
     scheduler: Any = MISSING
     trainer: Any = MISSING
@@ -333,7 +348,7 @@ def register_configs() -> None:
     cs.store(group="data", name="tldr_schema", node=TldrDataSchema)
     cs.store(group="data", name="prompts_schema", node=PromptsDataSchema)
     cs.store(group="rollout", name="rollout_schema", node=RolloutSchema)
-    cs.store(group="ppo", name="ppo_schema", node=PPOConfig)  # the typed section the update reads
+    cs.store(group="update", name="update_schema", node=UpdateConfig)  # the typed section the update reads
     cs.store(group="algorithm", name="algorithm_schema", node=AlgorithmConfig)  # estimator, loss variant, KL place
     cs.store(group="optimizer", name="optimizer_schema", node=OptimizerSchema)
     cs.store(group="scheduler", name="scheduler_schema", node=SchedulerSchema)

@@ -7,7 +7,7 @@ log-probs and entropy from logits (``logprob_kernel``), logits processing for sa
 and the typed token containers ``Tokens`` / ``Masks`` / ``LogProbs`` / ``Rollout`` (``containers``).
 
 May import: only ``rlhf_train.core`` itself, torch and tensordict; never transformers, hydra,
-omegaconf or accelerate (``tests/test_architecture.py`` checks this).
+omegaconf or accelerate (``tests/meta/test_architecture.py`` checks this).
 
 Extension point: a new advantage estimator is a pure function in ``rlhf_train/core/advantages.py``,
 wrapped as an ``AdvantageEstimator`` (``rlhf_train/algorithms/base.py``) for the algorithms to use.

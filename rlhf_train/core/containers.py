@@ -12,6 +12,9 @@ log-probabilities of the response tokens ([B, T], zero outside the response mask
 :class:`Rollout` is one batch of scored rollouts with every field declared (name, shape, meaning) in one
 place; :data:`TORCHRL_KEYS` maps its fields to the keys of torchrl's rollout TensorDict, which
 ``RolloutFromModel`` returns and the reward-shaping transforms read and write.
+
+Mask helpers beside them: position ids of a left-padded batch, the index of each row's last attended
+token (where a reward model reads its score), EOS tests, and re-padding to the left or right.
 """
 from __future__ import annotations
 
@@ -54,6 +57,12 @@ def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
     use the same positions or its log-probs would not match the sampling distribution.
     """
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+def last_token_index(attention_mask: torch.Tensor) -> torch.Tensor:
+    """``[B]`` index of the last attended token (works for left, right or both-side padding)."""
+    L = attention_mask.shape[-1]
+    return L - 1 - attention_mask.long().flip(-1).argmax(-1)
 
 
 def is_eos(tokens: torch.Tensor, eos_token_id: int | list[int] | tuple[int, ...] | torch.Tensor) -> torch.Tensor:

@@ -4,7 +4,7 @@ Shapes: B = batch (sequences), T = response tokens. ``log_p`` (policy) and ``log
 ``[B, T]`` log-probs of the *sampled* tokens only, so the estimate needs no vocabulary-wide sum: with
 ``r = q / p``, ``k1 = -log r``, ``k2 = ½ (log r)²``, ``k3 = (r - 1) - log r``. k1 and k3 are unbiased;
 k2 and k3 are ≥ 0 per token (k2 at the price of a bias, k3 without). Summed over a response, k1 and
-k3 estimate the sequence KL that the KL penalty in the reward (``rlhf_train.rewards.transforms``) charges.
+k3 estimate the sequence KL that the KL penalty in the reward (``rlhf_train.rewards.shaping``) charges.
 
 Reference:
   Schulman 2020, "Approximating KL Divergence" (joschu.net): the estimators k1, k2, k3.

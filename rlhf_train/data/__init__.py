@@ -3,7 +3,9 @@
 
 ``prompts`` holds ``PromptDataset``, synthetic and TL;DR prompts and their collate function; ``hf_prompts``
 your prompts (``data=prompts``: text or chat messages from any ``datasets`` source, with their columns);
-``tokenizers`` loads pretrained tokenizers and checks that a tokenizer has what the trainer needs.
+``loading`` reads a dataset for both (a file, a dir, a ``save_to_disk`` dir or a hub name, failing fast
+offline; a held-out split for datasets without one); ``tokenizers`` loads pretrained tokenizers and
+checks that a tokenizer has what the trainer needs.
 Task-specific data (the embedded default's movie reviews) lives in :mod:`rlhf_train.tasks`.
 
 May import: ``rlhf_train.core``, ``rlhf_train.infra``, ``rlhf_train.models``.

@@ -20,72 +20,15 @@ a chat column and a tokenizer with no chat template) is one ``ConfigError`` line
 from __future__ import annotations
 
 import logging
-import os
 from typing import Any
 
 import torch
 from torch.utils.data import Dataset
 
+from rlhf_train.data.loading import holdout, load_any
 from rlhf_train.infra.errors import ConfigError
 
 log = logging.getLogger(__name__)
-
-_FORMATS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet", ".arrow": "arrow"}
-
-
-def load_any(dataset: str, split: str, key: str = "data.dataset"):
-    """``(datasets.Dataset, has_splits)`` from a file, a dir of files, a ``save_to_disk`` dir or a cached hub name."""
-    import datasets
-
-    from rlhf_train.data.prompts import _load_hf_dataset
-
-    path = os.path.expanduser(str(dataset))
-    ext = os.path.splitext(path)[1].lower()
-    if os.path.isfile(path):
-        if ext not in _FORMATS:
-            raise ConfigError(f"{key}={dataset}: unknown file type '{ext}'; use .json, .jsonl, .csv or .parquet")
-        return _read_files(_FORMATS[ext], path, dataset, key), False
-    if os.path.isdir(path):
-        if os.path.exists(os.path.join(path, "dataset_info.json")):
-            return datasets.load_from_disk(path), False
-        if os.path.exists(os.path.join(path, "dataset_dict.json")):
-            dd = datasets.load_from_disk(path)
-            if split not in dd:
-                raise ConfigError(f"{key}={dataset} has no split '{split}' (has {list(dd)}); set data.split")
-            return dd[split], True
-        files = [f for f in sorted(os.listdir(path)) if os.path.splitext(f)[1].lower() in _FORMATS]
-        if files:
-            fmt = _FORMATS[os.path.splitext(files[0])[1].lower()]
-            return _read_files(fmt, [os.path.join(path, f) for f in files], dataset, key), False
-    elif ext in _FORMATS or path.startswith(("/", ".", "~")):
-        raise ConfigError(f"{key}={dataset}: no such file or directory")
-    return _load_hf_dataset(str(dataset), split), True
-
-
-def _read_files(fmt: str, files, dataset: str, key: str):
-    import datasets
-
-    try:
-        return datasets.load_dataset(fmt, data_files=files, split="train")
-    except Exception as err:  # an empty file, a malformed row, ...
-        if "no data" in str(err):
-            raise ConfigError(f"{key}={dataset} has no rows") from None
-        raise ConfigError(f"{key}={dataset}: cannot read it as {fmt} ({type(err).__name__}: {str(err)[:200]})") from None
-
-
-def holdout(ds, has_splits: bool, split: str, eval_holdout: int, key: str = "data.dataset"):
-    """A dataset without splits: split ``train`` is all but its last ``eval_holdout`` rows (at most half),
-    any other split (the evaluation's, e.g. ``test`` / ``valid``) those rows, so evaluation never sees
-    training prompts (logged)."""
-    if has_splits or eval_holdout <= 0:
-        return ds
-    n = len(ds)
-    k = min(int(eval_holdout), n // 2)
-    if split != "train":
-        log.info("[data] %s has no splits: evaluating on its last %d rows (held out of training)", key, k)
-        return ds.select(range(n - k, n))
-    return ds.select(range(n - k))
-
 
 def _is_chat(value: Any) -> bool:
     return isinstance(value, (list, tuple)) and len(value) > 0 and all(isinstance(m, dict) and "content" in m for m in value)

@@ -6,11 +6,10 @@ response, the reward baseline of the TL;DR recipe), and an integer ``index``.
 """
 from __future__ import annotations
 
-import os
-
 import torch
 from torch.utils.data import Dataset
 
+from rlhf_train.data.loading import holdout, load_any
 from rlhf_train.infra.errors import ConfigError
 
 
@@ -60,60 +59,11 @@ def synthetic_prompts(tokenizer=None, min_prompt_tokens: int = 32, max_prompt_to
     return PromptDataset(ids.masked_fill(~mask, pad), mask)
 
 
-def _hub_reachable(timeout: float = 2.0) -> bool:
-    """One quick TCP connect instead of ``datasets``' retries (~25 s) when the Hub is unreachable."""
-    import socket
-
-    if os.environ.get("HF_HUB_OFFLINE") == "1" or os.environ.get("HF_DATASETS_OFFLINE") == "1":
-        return False
-    host = os.environ.get("HF_ENDPOINT", "https://huggingface.co").split("://")[-1].split("/")[0]
-    try:
-        socket.create_connection((host, 443), timeout=timeout).close()
-        return True
-    except OSError:
-        return False
-
-
-def _in_datasets_cache(name: str) -> bool:
-    import datasets
-
-    cache = os.path.expanduser(str(datasets.config.HF_DATASETS_CACHE))
-    return os.path.isdir(os.path.join(cache, name.replace("/", "___")))
-
-
-def _load_hf_dataset(name: str, split: str):
-    """``datasets.load_dataset`` (or ``load_from_disk`` for a saved dir) that fails fast when offline."""
-    import datasets
-
-    path = os.path.expanduser(name)
-    if os.path.isdir(path) and os.path.exists(os.path.join(path, "dataset_info.json")):
-        return datasets.load_from_disk(path)
-    if os.path.isdir(path) and os.path.exists(os.path.join(path, "dataset_dict.json")):
-        return datasets.load_from_disk(path)[split]
-    if os.path.exists(path):
-        return datasets.load_dataset(path, split=split)
-    if not _hub_reachable() and not _in_datasets_cache(name):
-        raise ConfigError(
-            f"cannot load dataset '{name}' (split '{split}'): no network and not in the local datasets cache. "
-            f"Save it with `datasets.load_dataset(...).save_to_disk(DIR)` on a machine with network access and "
-            f"set data.dataset=DIR")
-    try:
-        return datasets.load_dataset(name, split=split, download_mode="reuse_cache_if_exists")
-    except Exception as err:  # offline, or unknown name
-        raise ConfigError(
-            f"cannot load dataset '{name}' (split '{split}'): not a local path and not reachable/cached "
-            f"({type(err).__name__}). Save it with `datasets.load_dataset(...).save_to_disk(DIR)` on a machine "
-            f"with network access and set data.dataset=DIR"
-        ) from None
-
-
 def tldr_prompts(tokenizer, dataset: str = "CarperAI/openai_summarize_tldr", split: str = "train",
                  max_prompt_length: int = 500, max_prompts: int | None = None, seed: int = 0) -> PromptDataset:
     """TL;DR posts (column ``prompt``) with their reference summaries (column ``label``). ``dataset``: a hub
     name, a ``save_to_disk`` dir or a local .json / .jsonl / .csv / .parquet file; one without splits holds
-    out its last 64 rows for the evaluation's split (:func:`rlhf_train.data.hf_prompts.holdout`)."""
-    from rlhf_train.data.hf_prompts import holdout, load_any
-
+    out its last 64 rows for the evaluation's split (:func:`rlhf_train.data.loading.holdout`)."""
     ds, has_splits = load_any(dataset, split)
     ds = holdout(ds, has_splits, split, 64)
     for col in ("prompt", "label"):

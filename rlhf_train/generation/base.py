@@ -2,8 +2,11 @@
 their sampling log-probs and the critic's values) out.
 
 A new backend (vLLM, SGLang, a static-cache decode loop, ...) goes in ``rlhf_train/generation/<name>.py``
-as a class with :meth:`GenerationBackend.generate`; ``RolloutFromModel(..., generation_backend=...)``
-takes it. Today's implementation: :class:`rlhf_train.generation.hf_generate.HFGenerateBackend`.
+as a class with :meth:`GenerationBackend.generate` and the constructor of :class:`BackendSettings`'s fields,
+plus ``conf/generation/<name>.yaml`` naming it by ``_target_``: ``generation=<name>`` then selects it
+(``rlhf_train/loop/components.py`` builds it with the policy and these settings). Implementations:
+:class:`rlhf_train.generation.decode_loop.DecodeLoopBackend` (the default: rlhf_train's KV-cached loop) and
+:class:`rlhf_train.generation.hf_generate.HFGenerateBackend` (``transformers``' ``generate``).
 """
 from __future__ import annotations
 
@@ -11,6 +14,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import torch
+
+from rlhf_train.core.containers import response_mask_from_tokens
 
 
 @dataclass
@@ -35,3 +40,20 @@ class GenerationBackend(Protocol):
         """``prompt [N, P]`` token ids, left-padded; ``prompt_mask [N, P]`` bool → :class:`Generation`
         for ``N · num_samples`` rows (row ``i · num_samples + j`` is sample ``j`` of prompt ``i``)."""
         ...
+
+
+def pad_steps(steps: torch.Tensor, T: int, value=0) -> torch.Tensor:
+    """``[B, T', ...]`` → ``[B, T, ...]``: the first ``T`` steps, filled with ``value`` if generation stopped early."""
+    steps = steps[:, :T]
+    if steps.shape[1] < T:
+        steps = torch.cat([steps, steps.new_full((steps.shape[0], T - steps.shape[1], *steps.shape[2:]), value)], 1)
+    return steps
+
+
+def finish(response: torch.Tensor, T: int, eos_token_id, pad_token_id: int, log_probs: torch.Tensor | None = None,
+           values: torch.Tensor | None = None) -> Generation:
+    """``[B, T' ≤ T]`` steps → a :class:`Generation` of ``T`` steps (pad tokens, zero log-probs after the
+    last step); anything after a row's first EOS is padding, whatever the sampler put there."""
+    response = pad_steps(response, T, pad_token_id)
+    response = response.masked_fill(~response_mask_from_tokens(response, eos_token_id), pad_token_id)
+    return Generation(response, pad_steps(log_probs, T).float() if log_probs is not None else None, values)

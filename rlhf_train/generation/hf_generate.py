@@ -1,10 +1,11 @@
-"""The generation backend over a ``transformers`` causal LM: rlhf_train's KV-cached loop
-(:mod:`rlhf_train.generation.decode`) by default, Hugging Face ``generate`` where that loop cannot go.
+"""The generation backend over Hugging Face ``generate`` (``generation=hf_generate``; the default
+:mod:`rlhf_train.generation.decode_loop` also falls back to it for a ``generation_config`` and for models its
+loop cannot drive).
 
-Either way the policy's log-probs under the sampling distribution and the hidden states the value head
-reads come with the tokens, so the rollout needs no second policy pass over prompt + response (they
-agree with that pass to float32 rounding, ~1e-6). Through ``generate``: :class:`InverseCDFSampler` draws
-each token inside it and records its log-prob; a forward hook on the trunk keeps the hidden states.
+The policy's log-probs under the sampling distribution and the hidden states the value head reads come
+with the tokens, so the rollout needs no second policy pass over prompt + response (they agree with that
+pass to float32 rounding, ~1e-6): :class:`InverseCDFSampler` draws each token inside ``generate`` and
+records its log-prob; a forward hook on the trunk keeps the hidden states.
 """
 from __future__ import annotations
 
@@ -14,10 +15,8 @@ from typing import Callable
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList
 
-from rlhf_train.core.containers import response_mask_from_tokens
 from rlhf_train.core.sampling import SamplingParams, inverse_cdf_sample, process_logits
-from rlhf_train.generation.base import Generation
-from rlhf_train.generation.decode import can_drive, sample_with_cache
+from rlhf_train.generation.base import Generation, finish, pad_steps
 from rlhf_train.models.scoring import lm_trunk_and_head
 
 
@@ -63,14 +62,6 @@ def last_hidden_per_step(trunk: torch.nn.Module):
         handle.remove()
 
 
-def _pad_steps(steps: torch.Tensor, T: int, value=0) -> torch.Tensor:
-    """``[B, T', ...]`` → ``[B, T, ...]``: the first ``T`` steps, filled with ``value`` if generation stopped early."""
-    steps = steps[:, :T]
-    if steps.shape[1] < T:
-        steps = torch.cat([steps, steps.new_full((steps.shape[0], T - steps.shape[1], *steps.shape[2:]), value)], 1)
-    return steps
-
-
 class HFGenerateBackend:
     """:class:`~rlhf_train.generation.base.GenerationBackend` over a ``transformers`` causal LM's ``generate``.
 
@@ -84,18 +75,14 @@ class HFGenerateBackend:
         do_sample: ``False`` = greedy decoding (deterministic tests; no log-probs from the steps).
         with_scores: return the sampling log-probs (and values) read off ``generate``'s steps.
         unwrap_fn: unwraps a DDP / FSDP / Accelerate-prepared model.
-        decode_loop: sample with rlhf_train's KV-cached loop (:mod:`rlhf_train.generation.decode`) where it
-            can drive the model; ``False``: always ``transformers``' ``generate`` (the ``rollout.hf_generate``
-            config key).
     """
 
     def __init__(self, model, *, eos_token_id: int | list[int] | tuple[int, ...], pad_token_id: int, max_new_tokens: int,
                  sampling: SamplingParams = SamplingParams(), do_sample: bool = True, with_scores: bool = True,
-                 unwrap_fn: Callable | None = None, decode_loop: bool = True):
+                 unwrap_fn: Callable | None = None):
         self.model, self.eos_token_id, self.pad_token_id = model, eos_token_id, pad_token_id
         self.max_new_tokens, self.sampling, self.do_sample = max_new_tokens, sampling, do_sample
         self.with_scores, self.unwrap_fn = with_scores, unwrap_fn or (lambda m: m)
-        self.decode_loop = decode_loop
 
     @torch.no_grad()
     def generate(self, prompt: torch.Tensor, prompt_mask: torch.Tensor, num_samples: int = 1,
@@ -104,15 +91,6 @@ class HFGenerateBackend:
         sampler with ``generate``'s own decoding; no log-probs or values are returned then."""
         base = self.unwrap_fn(self.model)
         lm = getattr(base, "lm", base)
-        T = self.max_new_tokens
-        if generation_config is None and self.decode_loop and can_drive(lm):
-            value_head = getattr(base, "value_head", None) if self.with_scores and self.do_sample else None
-            response, log_probs, hidden = sample_with_cache(  # samples of a prompt adjacent, one prefill each
-                lm, prompt, prompt_mask, max_new_tokens=T, eos_token_id=self.eos_token_id,
-                pad_token_id=self.pad_token_id, sampling=self.sampling, do_sample=self.do_sample,
-                keep_hidden=value_head is not None, num_samples=num_samples)
-            return self._finish(response, log_probs if self.with_scores else None,
-                                value_head(_pad_steps(hidden, T)).float() if value_head is not None else None)
         if num_samples > 1:  # samples of one prompt stay adjacent (the advantage estimators' groups)
             prompt, prompt_mask = prompt.repeat_interleave(num_samples, 0), prompt_mask.repeat_interleave(num_samples, 0)
         kwargs = dict(max_new_tokens=self.max_new_tokens, eos_token_id=self.eos_token_id,
@@ -134,14 +112,10 @@ class HFGenerateBackend:
             out = lm.generate(input_ids=prompt, attention_mask=prompt_mask.long(), **kwargs)
         if not with_scores:
             return self._finish(out[:, prompt.shape[1]:])
-        values = value_head(_pad_steps(torch.stack(hidden, 1), T)).float() if value_head is not None else None
+        values = value_head(pad_steps(torch.stack(hidden, 1), self.max_new_tokens)).float() if value_head is not None \
+            else None
         return self._finish(out[:, prompt.shape[1]:], torch.stack(sampler.log_probs, 1), values)
 
     def _finish(self, response: torch.Tensor, log_probs: torch.Tensor | None = None,
                 values: torch.Tensor | None = None) -> Generation:
-        """``[B, T' ≤ T]`` steps → a :class:`Generation` of ``T`` steps (pad tokens, zero log-probs after the
-        last step); anything after a row's first EOS is padding, whatever the sampler put there."""
-        T = self.max_new_tokens
-        response = _pad_steps(response, T, self.pad_token_id)
-        response = response.masked_fill(~response_mask_from_tokens(response, self.eos_token_id), self.pad_token_id)
-        return Generation(response, _pad_steps(log_probs, T).float() if log_probs is not None else None, values)
+        return finish(response, self.max_new_tokens, self.eos_token_id, self.pad_token_id, log_probs, values)

@@ -1,16 +1,8 @@
-"""Checkpoints that hold everything the next iteration depends on, written atomically.
+"""Writing checkpoints that hold everything the next iteration depends on, atomically.
 
-Layout of ``<run dir>/checkpoints/iter_000012/``::
-
-    policy/                  the policy LM (save_pretrained, safetensors) + tokenizer
-    value_head.safetensors   the value head
-    optimizer.pt             optimizer state (tensors and numbers only: loaded with weights_only=True)
-    scheduler.pt             learning-rate scheduler state (idem)
-    rng_rank{r}.pt           the state of process r: torch / python / numpy RNGs and its PPO minibatch
-                             generator (each process draws differently; all are gathered to rank 0)
-    trainer_state.json       iteration, run id, KL controller state, data position, W&B run id, fault counts
-    config.yaml              the resolved config, secrets redacted (resume=auto compares it with its own)
-    COMPLETE                 written last: the iteration, the size and SHA-256 of every file (a manifest)
+The files of a checkpoint (``checkpoints/iter_000012/``: the policy, value head, optimizer, scheduler,
+each process's RNG state, trainer state, config and the ``COMPLETE`` manifest) and where checkpoints live:
+:mod:`rlhf_train.infra.checkpoint_files`. Finding, verifying and loading one: :mod:`rlhf_train.infra.resume`.
 
 How a checkpoint is written (:func:`save_checkpoint`); the main process writes every file (the other
 processes' states are gathered to it), so with one disk per machine the checkpoints live on rank 0's:
@@ -23,81 +15,34 @@ A crash at any point leaves either the previous checkpoints untouched plus a ``.
 removed by the next save), or the new complete one. A write that fails (disk full, read-only dir) removes
 its temp dir and raises :class:`CheckpointError`: one line saying what failed, where, and which complete
 checkpoint is intact. ``trainer.resume=auto`` takes the newest checkpoint whose files match its manifest,
-sizes and checksums (:func:`verify_checkpoint`), so a checkpoint damaged after the fact (truncated, or
-bytes zeroed in place) falls back to the one before it, with one line saying so; so does one without its
-``COMPLETE`` marker.
+sizes and checksums (:func:`~rlhf_train.infra.resume.verify_checkpoint`), so a checkpoint damaged after the
+fact (truncated, or bytes zeroed in place) falls back to the one before it, with one line saying so; so
+does one without its ``COMPLETE`` marker.
 """
 from __future__ import annotations
 
-import contextlib
 import errno
-import hashlib
 import json
 import os
-import random
-import re
 import shutil
 from pathlib import Path
 
-import numpy as np
 import torch
 
-from rlhf_train.infra.errors import ConfigError
+from rlhf_train.infra.checkpoint_files import (
+    checkpoint_root,
+    list_checkpoints,
+    manifest,
+    process_state,
+    quiet_transformers,
+)
+from rlhf_train.infra.distributed import all_processes
 
-_ITER_RE = re.compile(r"^iter_(\d+)$")
 DISK_FULL_BYTES = 64 << 20  # a failed write with less free space than this is reported as "disk full"
-REQUIRED_FILES = ("trainer_state.json", "value_head.safetensors", "optimizer.pt", "scheduler.pt", "policy/config.json")
-
-
-def checkpoint_root(run_dir: str | Path) -> Path:
-    return Path(run_dir) / "checkpoints"
 
 
 class CheckpointError(RuntimeError):
     """A checkpoint could not be written: one line (what, where, which checkpoint is intact)."""
-
-
-def checkpoint_dirs(run_dir: str | Path) -> list[Path]:
-    """Every ``iter_*`` dir in ``run_dir``'s checkpoints, complete or not, oldest first."""
-    root = checkpoint_root(run_dir)
-    if not root.is_dir():
-        return []
-    found = [p for p in root.iterdir() if _ITER_RE.match(p.name) and p.is_dir()]
-    return sorted(found, key=lambda p: int(_ITER_RE.match(p.name).group(1)))
-
-
-def list_checkpoints(run_dir: str | Path) -> list[Path]:
-    """Checkpoints in ``run_dir`` that have their ``COMPLETE`` marker, oldest first."""
-    return [p for p in checkpoint_dirs(run_dir) if (p / "COMPLETE").exists()]
-
-
-# --------------------------------------------------------------------------------------------
-# RNG states
-# --------------------------------------------------------------------------------------------
-def rng_state() -> dict:
-    return {"python": random.getstate(), "torch": torch.get_rng_state(),
-            **({"cuda": torch.cuda.get_rng_state_all()} if torch.cuda.is_available() else {})}
-
-
-def numpy_rng_state() -> list:
-    name, keys, pos, has_gauss, cached = np.random.get_state()
-    return [name, keys.tolist(), int(pos), int(has_gauss), float(cached)]
-
-
-def process_state(extra: dict | None = None) -> dict:
-    """What this process alone holds: its RNG states (torch, python, numpy) plus ``extra`` (e.g. the PPO
-    minibatch generator's state); saved per process as ``rng_rank{r}.pt``."""
-    return {**rng_state(), "numpy": numpy_rng_state(), **(extra or {})}
-
-
-def set_rng_state(state: dict, numpy_state: list | None) -> None:
-    random.setstate(state["python"])
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-    if numpy_state is not None:
-        name, keys, pos, has_gauss, cached = numpy_state
-        np.random.set_state((name, np.array(keys, dtype=np.uint32), pos, has_gauss, cached))
 
 
 # --------------------------------------------------------------------------------------------
@@ -111,20 +56,6 @@ def _fsync(path: Path) -> None:
         pass
     finally:
         os.close(fd)
-
-
-@contextlib.contextmanager
-def _quiet_transformers():
-    """No "Writing model shards" / "Loading weights" progress bars in the run's log at every checkpoint."""
-    from transformers.utils import logging as hf_logging
-
-    was_enabled = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            hf_logging.enable_progress_bar()
 
 
 def current_umask() -> int:
@@ -158,28 +89,6 @@ def apply_umask(root: str | Path) -> None:
             p.chmod(0o777 & keep)
         elif p.is_file():
             p.chmod((0o777 if p.stat().st_mode & 0o111 else 0o666) & keep)
-
-
-def _sha256(path: Path) -> str:
-    with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
-
-
-def _manifest(directory: Path) -> tuple[dict[str, int], dict[str, str]]:
-    """``({relative path: size in bytes}, {relative path: SHA-256})`` of every file under ``directory``
-    except ``COMPLETE``."""
-    files = [p for p in sorted(directory.rglob("*")) if p.is_file() and p.name != "COMPLETE"]
-    rel = [p.relative_to(directory).as_posix() for p in files]
-    return dict(zip(rel, (p.stat().st_size for p in files))), dict(zip(rel, map(_sha256, files)))
-
-
-def _all_processes(accelerator, value, gather: bool):
-    """``gather``: the list of every process's ``value`` (on every process); else rank 0's ``value``."""
-    if accelerator.num_processes == 1:
-        return [value] if gather else value
-    from accelerate.utils import broadcast_object_list, gather_object
-
-    return gather_object([value]) if gather else broadcast_object_list([value], from_process=0)[0]
 
 
 def write_failure(err: BaseException, what: str, where: Path, run_dir: Path) -> str:
@@ -222,7 +131,7 @@ def save_checkpoint(run_dir: str | Path, iteration: int, *, accelerator, policy,
     final = root / f"iter_{iteration:06d}"
     tmp = root / f".tmp-iter_{iteration:06d}"
     error = None
-    states = _all_processes(accelerator, process_state(rank_state), gather=True)  # every process's own state
+    states = all_processes(accelerator, process_state(rank_state), gather=True)  # every process's own state
     state_dict = accelerator.get_state_dict(policy)  # gathers sharded (FSDP/ZeRO) weights; collective
     if accelerator.is_main_process:
         try:
@@ -235,7 +144,7 @@ def save_checkpoint(run_dir: str | Path, iteration: int, *, accelerator, policy,
                 torch.save(st, tmp / f"rng_rank{rank}.pt")
             model = accelerator.unwrap_model(policy)
             lm_state = {k[len("lm."):]: v for k, v in state_dict.items() if k.startswith("lm.")}
-            with _quiet_transformers():
+            with quiet_transformers():
                 model.lm.save_pretrained(tmp / "policy", state_dict=lm_state, safe_serialization=True)
             if tokenizer is not None:
                 tokenizer.save_pretrained(tmp / "policy")
@@ -251,7 +160,7 @@ def save_checkpoint(run_dir: str | Path, iteration: int, *, accelerator, policy,
                 if f.is_file():
                     _fsync(f)
             # 2. the manifest (sizes and checksums), last
-            sizes, sums = _manifest(tmp)
+            sizes, sums = manifest(tmp)
             (tmp / "COMPLETE").write_text(json.dumps({"iteration": iteration, "files": sizes, "sha256": sums},
                                                      indent=1))
             _fsync(tmp / "COMPLETE")
@@ -270,22 +179,7 @@ def save_checkpoint(run_dir: str | Path, iteration: int, *, accelerator, policy,
             # 4. prune
             for stale in (list_checkpoints(run_dir)[:-keep] if keep > 0 else []):
                 shutil.rmtree(stale, ignore_errors=True)
-    error = _all_processes(accelerator, error, gather=False)  # every process raises, none waits forever
+    error = all_processes(accelerator, error, gather=False)  # every process raises, none waits forever
     if error:
         raise CheckpointError(error)
     return final
-
-
-# finding, checking and loading checkpoints: rlhf_train/infra/resume.py (re-exported here)
-from rlhf_train.infra.resume import (  # noqa: E402  (it imports the helpers above)
-    check_same_config,
-    config_differences,
-    load_checkpoint,
-    read_trainer_state,
-    resolve_resume,
-    verify_checkpoint,
-)
-
-__all__ = ["CheckpointError", "ConfigError", "apply_umask", "check_same_config", "checkpoint_dirs", "checkpoint_root",
-           "config_differences", "list_checkpoints", "load_checkpoint", "read_trainer_state", "resolve_resume",
-           "save_checkpoint", "verify_checkpoint", "write_failure"]

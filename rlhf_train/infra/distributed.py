@@ -28,6 +28,16 @@ def infinite_batches(loader, accelerator, start_epoch: int = 0, skip: int = 0):
         epoch, skip = epoch + 1, 0
 
 
+def all_processes(accelerator, value, gather: bool):
+    """``gather``: the list of every process's ``value`` (on every process); else rank 0's ``value``
+    (any picklable object; collective: call on every process)."""
+    if accelerator.num_processes == 1:
+        return [value] if gather else value
+    from accelerate.utils import broadcast_object_list, gather_object
+
+    return gather_object([value]) if gather else broadcast_object_list([value], from_process=0)[0]
+
+
 def cpu_only_multiprocess() -> bool:
     """Launched as several processes (``accelerate launch --multi_gpu``/torchrun) on a machine without
     GPUs: Accelerate only forms the process group (gloo) when told ``cpu=True``; otherwise each process

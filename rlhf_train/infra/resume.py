@@ -19,15 +19,15 @@ from typing import Any
 
 import torch
 
-from rlhf_train.infra.checkpoint import (
+from rlhf_train.infra.checkpoint_files import (
     REQUIRED_FILES,
-    _all_processes,
-    _quiet_transformers,
-    _sha256,
     checkpoint_dirs,
     checkpoint_root,
+    quiet_transformers,
     set_rng_state,
+    sha256,
 )
+from rlhf_train.infra.distributed import all_processes
 from rlhf_train.infra.errors import ConfigError
 
 # config keys that may change between a run and its resume (how long, how often, how verbose, where)
@@ -80,7 +80,7 @@ def verify_checkpoint(path: str | Path, checksums: bool = True) -> str | None:
             return f"'{w.relative_to(path).as_posix()}' is corrupt ({type(err).__name__})"
     sums = manifest.get("sha256", {}) if isinstance(manifest, dict) and checksums else {}
     for rel, digest in sums.items():
-        if _sha256(path / rel) != digest:
+        if sha256(path / rel) != digest:
             return f"'{rel}' does not match its SHA-256 in COMPLETE (corrupted after it was written)"
     return None
 
@@ -174,7 +174,7 @@ def _read(path: Path, num_processes: int, weights: bool) -> dict:
         if (path / "policy/adapter_config.json").is_file():  # LoRA: the adapter alone (peft's format)
             out["adapter"] = load_file(path / "policy/adapter_model.safetensors")
         else:
-            with _quiet_transformers():
+            with quiet_transformers():
                 out["lm"] = AutoModelForCausalLM.from_pretrained(path / "policy", use_safetensors=True).state_dict()
         out["value_head"] = load_file(path / "value_head.safetensors")
         out["optimizer"] = torch.load(path / "optimizer.pt", weights_only=True)
@@ -198,18 +198,18 @@ def load_checkpoint(path: Path, *, accelerator, policy, optimizer, scheduler) ->
     """
     path = Path(path)
     n, rank = accelerator.num_processes, accelerator.process_index
-    everyone_sees_it = all(_all_processes(accelerator, path.is_dir(), gather=True))
+    everyone_sees_it = all(all_processes(accelerator, path.is_dir(), gather=True))
     payload, error = None, None
     if everyone_sees_it or accelerator.is_main_process:
         try:  # each process reads the weights itself; rank 0 reads the per-process states (and all, if need be)
             payload = _read(path, n if accelerator.is_main_process else 0, weights=True)
         except Exception as err:
             error = _cannot_load(path, err)
-    errors = [e for e in _all_processes(accelerator, error, gather=True) if e]
+    errors = [e for e in all_processes(accelerator, error, gather=True) if e]
     if errors:
         raise ConfigError(errors[0])
     if n > 1:
-        shared = _all_processes(accelerator, payload if not everyone_sees_it else
+        shared = all_processes(accelerator, payload if not everyone_sees_it else
                                 {"processes": payload["processes"] if accelerator.is_main_process else None},
                                 gather=False)
         payload = shared if not everyone_sees_it else dict(payload, processes=shared["processes"])

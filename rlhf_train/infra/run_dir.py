@@ -15,7 +15,7 @@ One run per run dir (:func:`claim_run_dir`, the trainer's first step, on rank 0,
   lock when the holder dies (SIGKILL included); the file goes when the lock is released.
 * a fresh run (``trainer.resume`` unset) refuses a run dir that already holds checkpoints (the pruning of
   the new run would delete them, and a later ``resume=auto`` would pick the old run's);
-* ``trainer.resume`` is resolved (:func:`rlhf_train.infra.checkpoint.resolve_resume`: verified, same config).
+* ``trainer.resume`` is resolved (:func:`rlhf_train.infra.resume.resolve_resume`: verified, same config).
 Hydra writes ``.hydra/`` before any of this runs: :class:`RunDirCheck` keeps a copy of an existing run
 dir's ``.hydra/`` files, and :func:`restore_hydra_dir` puts them back after bad input (exit 2).
 """
@@ -238,7 +238,8 @@ def claim_run_dir(run_dir: Path, accelerator, resume: str | None, config_yaml: s
     writable, created, locked, not another run's (a fresh run refuses a dir with checkpoints), and the
     checkpoint to resume from. Returns ``(checkpoint or None, the lock)``; one :class:`ConfigError` on
     every process otherwise."""
-    from rlhf_train.infra.checkpoint import checkpoint_dirs, resolve_resume
+    from rlhf_train.infra.checkpoint_files import checkpoint_dirs
+    from rlhf_train.infra.resume import resolve_resume
 
     outcome, lock, crash = None, NO_LOCK, None
     if accelerator.is_main_process:

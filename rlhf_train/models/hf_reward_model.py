@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from rlhf_train.core.containers import last_token_index
 from rlhf_train.infra.errors import ConfigError
 
 
@@ -89,8 +90,6 @@ class SequenceClassifierRewardModel(nn.Module):
         return self.policy_tokenizer.batch_decode(rows, skip_special_tokens=True)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor):
-        from rlhf_train.models.reward_model import last_token_index
-
         if self.reencodes:
             end_scores = self.score_texts(self._decode(input_ids, attention_mask))
         else:

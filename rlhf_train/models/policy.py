@@ -105,10 +105,12 @@ def build_reference(
     copy_policy: bool = True,
     trust_remote_code: bool = False,
     device: str | None = None,
+    ray_service: dict | None = None,
 ) -> nn.Module:
     """The frozen reference policy π_ref: a copy of the initial policy LM, or loaded from ``pretrained``.
 
-    ``device`` is where it will run (placed by the trainer; ``None`` = the policy's device).
+    ``device`` is where it will run (placed by the trainer; ``None`` = the policy's device); ``ray_service``
+    is read where the run is built (:mod:`rlhf_train.models.reference` says which kind of reference runs).
     """
     if pretrained:
         ref = build_causal_lm(pretrained, None, tokenizer, trust_remote_code, 0.0, "ref_model.pretrained")

@@ -1,4 +1,4 @@
-"""The reference model as a Ray service: ``transforms.ref_logprob.use_ray_service=true``.
+"""The reference model as a Ray service: ``ref_model.ray_service.enabled=true``.
 
 The pattern of torchrl's ``RayKLRewardTransform`` / ``RayRetrieveKL``: the frozen reference π_ref lives
 in one named Ray actor that every training process (all ranks of an ``accelerate launch``, or several
@@ -34,7 +34,7 @@ from rlhf_train.infra.checkpoint import apply_umask
 from rlhf_train.infra.errors import ConfigError
 
 REFERENCE_DIR = "reference_model"  # in the run dir, when the reference is a copy of the policy
-RAY_DEFAULTS = {  # transforms.ref_logprob.ray (conf/transforms/default.yaml documents each key)
+RAY_DEFAULTS = {  # ref_model.ray_service (conf/ref_model/copy_of_policy.yaml documents each key)
     "address": None, "namespace": "rlhf_train", "num_cpus": 1, "num_gpus": 0, "device": None,
     "detached": False,
 }
@@ -55,7 +55,7 @@ class LoadReference:
 
 
 class ReferenceLogProbActor:
-    """Holds π_ref; ``log_probs`` is :meth:`RolloutFromModel._ref_log_probs` run where the actor lives."""
+    """Holds π_ref; ``log_probs`` is :meth:`rlhf_train.models.reference.Reference.log_probs` run where the actor lives."""
 
     def __init__(self, factory: Callable[[], torch.nn.Module], temperature: float = 1.0, top_k: int = 0,
                  top_p: float = 1.0, batch_size: int | None = None, device: str | None = None):
@@ -82,18 +82,21 @@ def _import_ray():
     try:
         import ray
     except ImportError:
-        raise ConfigError("transforms.ref_logprob.use_ray_service=true needs Ray: pip install -e \".[ray]\" "
-                          "(or set transforms.ref_logprob.use_ray_service=false)") from None
+        raise ConfigError("ref_model.ray_service.enabled=true needs Ray: pip install -e \".[ray]\" "
+                          "(or set ref_model.ray_service.enabled=false)") from None
     return ray
 
 
 def ray_options(cfg: DictConfig) -> dict:
-    """``transforms.ref_logprob.ray`` merged over :data:`RAY_DEFAULTS`; unknown keys are an error."""
-    given = cfg.transforms.ref_logprob.get("ray") or {}
+    """``ref_model.ray_service`` (less ``enabled`` / ``actor_name``) merged over :data:`RAY_DEFAULTS`;
+    unknown keys are an error."""
+    given = cfg.ref_model.get("ray_service") or {}
     given = OmegaConf.to_container(given, resolve=True) if OmegaConf.is_config(given) else dict(given)
+    given = {k: v for k, v in given.items() if k not in ("enabled", "actor_name")}
     unknown = sorted(set(given) - set(RAY_DEFAULTS))
     if unknown:
-        raise ConfigError(f"transforms.ref_logprob.ray.{unknown[0]} is not a key; valid: {', '.join(RAY_DEFAULTS)}")
+        raise ConfigError(f"ref_model.ray_service.{unknown[0]} is not a key; valid: enabled, actor_name, "
+                          f"{', '.join(RAY_DEFAULTS)}")
     return {**RAY_DEFAULTS, **given}
 
 
@@ -104,7 +107,7 @@ def reference_source(cfg: DictConfig, ref_model: torch.nn.Module | None, run_dir
 
         return check_loadable(cfg.ref_model.pretrained, "ref_model.pretrained", "reference model")
     if ref_model is None:
-        raise ConfigError("transforms.ref_logprob.use_ray_service=true: set ref_model.pretrained=<dir>, or let "
+        raise ConfigError("ref_model.ray_service.enabled=true: set ref_model.pretrained=<dir>, or let "
                           "the trainer pass the reference it built")
     final = Path(run_dir) / REFERENCE_DIR
     final.parent.mkdir(parents=True, exist_ok=True)
@@ -173,7 +176,7 @@ def ray_ref_log_prob_fn(cfg: DictConfig, ref_model: torch.nn.Module | None = Non
     if state.is_main_process:
         try:
             source = reference_source(cfg, ref_model, run_dir or os.getcwd())
-            name = cfg.transforms.ref_logprob.get("actor_name") or default_actor_name(source)
+            name = cfg.ref_model.ray_service.get("actor_name") or default_actor_name(source)
             if not ray.is_initialized():
                 local = {} if opts["address"] else {"num_cpus": max(1, int(opts["num_cpus"]))}
                 ray.init(address=opts["address"], namespace=opts["namespace"], include_dashboard=False,

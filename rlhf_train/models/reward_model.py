@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from rlhf_train.core.containers import position_ids_from_mask
+from rlhf_train.core.containers import last_token_index, position_ids_from_mask
 from rlhf_train.infra.errors import ConfigError
 from rlhf_train.models.hf_reward_model import (
     is_sequence_classifier_dir,
@@ -30,12 +30,6 @@ from rlhf_train.models.loading import build_causal_lm, check_loadable
 # --------------------------------------------------------------------------------------------
 # Reward model
 # --------------------------------------------------------------------------------------------
-def last_token_index(attention_mask: torch.Tensor) -> torch.Tensor:
-    """``[B]`` index of the last attended token (works for left, right or both-side padding)."""
-    L = attention_mask.shape[-1]
-    return L - 1 - attention_mask.long().flip(-1).argmax(-1)
-
-
 REWARD_HEAD_FILE = "reward_head.safetensors"
 
 

@@ -37,27 +37,39 @@ def evaluate_policy(lm, ref_lm, reward_model, tokenizer, prompts, cfg: DictConfi
     from torch.utils.data import DataLoader
 
     from rlhf_train.data.prompts import collate
-    from rlhf_train.rollout.rollout_from_model import RolloutFromModel
+    from rlhf_train.core.sampling import SamplingParams
+    from rlhf_train.generation.decode_loop import DecodeLoopBackend
+    from rlhf_train.models.reference import frozen_copy
+    from rlhf_train.rewards.shaping import KLDivergence
+    from rlhf_train.rewards.sources import RewardModelSource
+    from rlhf_train.rollout.rollout_from_model import RolloutFromModel, special_ids
 
     r, e = cfg.rollout, cfg.evaluation
-    # no KL controller and β = 0: the KL to the reference is only measured here
-    rollout = RolloutFromModel(lm, ref_lm, reward_model, kl_coef=0.0, max_new_tokens=r.max_new_tokens,
-                               score_clip=None, tokenizer=tokenizer, temperature=r.temperature, top_k=r.top_k,
-                               top_p=r.top_p, do_sample=r.do_sample, logprob_batch_size=r.logprob_batch_size)
+    # the product rollout with β = 0 and only the KL entry of the shaping stack: the score is the reward
+    # model's raw score, the KL to the reference (k1, per sequence) is only measured
+    sampling = SamplingParams(r.temperature, r.top_k, r.top_p)
+    eos, pad = special_ids(lm, tokenizer)
+    backend = DecodeLoopBackend(lm, eos_token_id=list(eos) if len(eos) > 1 else eos[0], pad_token_id=pad,
+                                max_new_tokens=r.max_new_tokens, sampling=sampling, do_sample=r.do_sample)
+    rollout = RolloutFromModel(lm, backend, frozen_copy(ref_lm, sampling, r.logprob_batch_size),
+                               {"reward_model": (RewardModelSource(reward_model, pad, r.logprob_batch_size), 1.0)},
+                               {"kl": KLDivergence("k1")}, eos_token_ids=eos, pad_token_id=pad,
+                               max_new_tokens=r.max_new_tokens, sampling=sampling,
+                               logprob_batch_size=r.logprob_batch_size)
     was_training = lm.training
     lm.eval()
     torch.manual_seed(e.seed)  # the same sampling noise for every policy evaluated
     out: dict[str, list] = {"prompt": [], "continuation": [], "score": [], "kl": [], "ref_logprob": [], "length": []}
     for batch in DataLoader(prompts, batch_size=e.batch_size, shuffle=False, collate_fn=getattr(prompts, "collate", collate)):
-        td = rollout.rollout_from_data(batch)
-        tokens, masks = td["tokens"], td["masks"]
+        ro = rollout(batch, kl_coef=0.0)
+        tokens, masks = ro.tokens, ro.masks
         response = tokens.response.masked_fill(~masks.response, tokenizer.pad_token_id)
         prompt = tokens.prompt.masked_fill(~masks.prompt, tokenizer.pad_token_id)
         out["continuation"] += tokenizer.batch_decode(response.tolist(), skip_special_tokens=True)
         out["prompt"] += tokenizer.batch_decode(prompt.tolist(), skip_special_tokens=True)
-        out["score"] += td["next", "score_raw"].float().tolist()
-        out["kl"] += td["kl_per_sequence"].float().tolist()
-        out["ref_logprob"] += td["ref_log_probs", "response"].float().masked_fill(~masks.response, 0.0).sum(-1).tolist()
+        out["score"] += ro.score_raw.float().tolist()
+        out["kl"] += ro.kl_per_sequence.float().tolist()
+        out["ref_logprob"] += ro.ref_log_prob.float().masked_fill(~masks.response, 0.0).sum(-1).tolist()
         out["length"] += masks.response.sum(-1).tolist()
     lm.train(was_training)
     n = len(out["score"])

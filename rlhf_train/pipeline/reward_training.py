@@ -3,9 +3,10 @@
 ``train_reward_model(cfg, tokenizer, out_dir, sft_dir)`` reads the ``rm`` config section (``conf/rm/*.yaml``):
 
   1. pairs ``(chosen, rejected)`` of token tensors ``[P, rm.max_len]`` (right-padded, EOS appended when
-     the text fits): a positive and a negative review from the ``rm_train`` split
-     (``rm.source=movie_reviews``; the judge's ``judge_train`` split is disjoint from it), or the two
-     summaries of a TL;DR comparison, each after its post (``rm.source=comparisons``);
+     the text fits), from the function ``rm.pairs`` names (the task's): a positive and a negative review
+     of the ``rm_train`` split (``rlhf_train/tasks/movie_reviews/hooks.py``; the judge's ``judge_train``
+     split is disjoint from it), or the two summaries of a TL;DR comparison, each after its post
+     (:func:`comparison_data`);
   2. model, by ``rm.backbone``:
        * ``sft``: :class:`~rlhf_train.models.reward_model.RewardModel` on the SFT policy's transformer trunk;
        * ``minilm``: :class:`~rlhf_train.models.reward_model.ReencodingRewardModel` on the pretrained all-MiniLM-L6-v2
@@ -17,8 +18,8 @@
      (features ``[P, H]``) and only the linear head trains (a linear probe: seconds on a CPU);
   4. validation pairwise accuracy (fraction of held-out pairs with ``r_chosen > r_rejected``);
   5. ``rm.normalize``: the ``bias`` offset is set so that the validation sequences (chosen and
-     rejected) score 0 on average (N+ implementation details: reward normalisation), so that PPO's
-     score starts near 0;
+     rejected) score 0 on average (N+ implementation details: reward normalisation), so that the RL
+     stage's score starts near 0;
   6. ``save_pretrained`` into ``out_dir`` (loaded by ``reward_model.pretrained`` /
      :func:`rlhf_train.models.reward_model.build_reward_model`).
 """
@@ -40,7 +41,7 @@ from rlhf_train.pipeline.sft import (
     encode_texts,
     load_text_dataset,
     make_optimizer,
-    movie_review_splits,
+    task_hook,
     trim,
 )
 
@@ -67,28 +68,29 @@ def comparison_pairs(tokenizer, ds, max_len: int, limit: int | None) -> dict[str
             "rejected_input_ids": rejected["input_ids"], "rejected_attention_mask": rejected["attention_mask"]}
 
 
-def rm_data(cfg: DictConfig, tokenizer) -> tuple[dict, dict]:
-    """(train, validation) pairs: ``chosen_input_ids`` ... ``rejected_attention_mask``, each ``[P, rm.max_len]``."""
+def comparison_data(cfg: DictConfig, tokenizer) -> tuple[dict, dict]:
+    """``rm.pairs`` of the TL;DR recipe: (train, validation) :func:`comparison_pairs` of ``rm.dataset``
+    (CarperAI/openai_summarize_comparisons: columns prompt / chosen / rejected)."""
     r = cfg.rm
-    if r.source == "movie_reviews":
-        from rlhf_train.tasks.movie_reviews.data import preference_pairs
+    out = []
+    for split, limit in ((r.train_split, r.max_train_pairs), (r.val_split, r.max_eval_pairs)):
+        ds = load_text_dataset(r.dataset, split, "rm.dataset")
+        for col in ("prompt", "chosen", "rejected"):
+            if col not in ds.column_names:
+                raise ConfigError(f"dataset '{r.dataset}' has no '{col}' column (has {ds.column_names}); "
+                                  f"set rm.dataset")
+        out.append(comparison_pairs(tokenizer, ds, r.max_len, limit))
+    return out[0], out[1]
 
-        splits = movie_review_splits(cfg.data.seed)
-        train = preference_pairs(tokenizer, splits["rm_train"], r.max_len, seed=r.seed)
-        val = preference_pairs(tokenizer, splits["validation"], r.max_len, seed=r.seed)
-        cut = lambda d, n: {k: v[:n] for k, v in d.items()}  # noqa: E731
-        return cut(train, r.max_train_pairs), cut(val, r.max_eval_pairs)
-    if r.source == "comparisons":  # CarperAI/openai_summarize_comparisons
-        out = []
-        for split, limit in ((r.train_split, r.max_train_pairs), (r.val_split, r.max_eval_pairs)):
-            ds = load_text_dataset(r.dataset, split, "rm.dataset")
-            for col in ("prompt", "chosen", "rejected"):
-                if col not in ds.column_names:
-                    raise ConfigError(f"dataset '{r.dataset}' has no '{col}' column (has {ds.column_names}); "
-                                      f"set rm.dataset")
-            out.append(comparison_pairs(tokenizer, ds, r.max_len, limit))
-        return out[0], out[1]
-    raise ConfigError(f"rm.source='{r.source}' is not valid; choose one of movie_reviews, comparisons")
+
+def rm_data(cfg: DictConfig, tokenizer) -> tuple[dict, dict]:
+    """(train, validation) pairs: ``chosen_input_ids`` ... ``rejected_attention_mask``, each ``[P, rm.max_len]``:
+    from the function ``rm.pairs`` names (the task's, e.g. the movie reviews' or :func:`comparison_data`)."""
+    pairs = task_hook(cfg, "rm.pairs")
+    if pairs is None:
+        raise ConfigError("rm.pairs is null: set it to the function that gives the preference pairs "
+                          "(e.g. rlhf_train.pipeline.reward_training.comparison_data)")
+    return pairs(cfg, tokenizer)
 
 
 # --------------------------------------------------------------------------------------------
@@ -192,7 +194,7 @@ def train_reward_model(cfg: DictConfig, tokenizer, out_dir: str | Path, sft_dir:
     train, val = rm_data(cfg, tokenizer)
     n_train, n_val = train["chosen_input_ids"].shape[0], val["chosen_input_ids"].shape[0]
     if n_train == 0 or n_val == 0:
-        raise ConfigError(f"the reward model has {n_train} training / {n_val} validation pairs; check rm.source / "
+        raise ConfigError(f"the reward model has {n_train} training / {n_val} validation pairs; check rm.pairs / "
                           f"rm.dataset / rm.max_train_pairs / rm.max_eval_pairs")
     # 2. model; a frozen backbone is run once over all pairs, and only the head trains
     rm = build_rm(cfg, tokenizer, sft_dir)

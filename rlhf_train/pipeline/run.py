@@ -35,7 +35,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from rlhf_train.infra.errors import ConfigError
-from rlhf_train.loop.inputs import build_tokenizer
+from rlhf_train.loop.components import build_tokenizer
 from rlhf_train.pipeline.cache import (
     Timer,
     _plain,
@@ -120,9 +120,9 @@ def preflight(cfg: DictConfig, plan: dict) -> None:
         if cfg.rm.source == "comparisons":
             load_text_dataset(cfg.rm.dataset, cfg.rm.train_split, "rm.dataset")
     if plan["run_ppo"]:
-        from rlhf_train.loop.components import validate_config
+        from rlhf_train.loop.checks import check_config
 
-        validate_config(cfg)
+        check_config(cfg)
         if cfg.policy.pretrained:
             check_loadable(cfg.policy.pretrained, "policy.pretrained", "policy")
         if cfg.reward_model.pretrained:
@@ -340,7 +340,7 @@ def run(cfg: DictConfig, run_dir: str | Path) -> float | None:
     with timer("tokenizer"):
         # tokenizer.pretrained=null: the policy's own (SmolLM2's)
         follows = "pretrained" in cfg.tokenizer and not cfg.tokenizer.pretrained and cfg.policy.pretrained
-        tokenizer = build_tokenizer(cfg, instantiate) if follows else instantiate(cfg.tokenizer)
+        tokenizer = build_tokenizer(cfg) if follows else instantiate(cfg.tokenizer)
     summary: dict[str, Any] = {"stage": cfg.stage}
     # 2. SFT
     sft_info = run_sft_stage(cfg, tokenizer, plan, timer) if plan["sft_key"] else None

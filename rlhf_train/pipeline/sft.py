@@ -3,18 +3,18 @@
 ``train_sft(cfg, tokenizer, out_dir)`` reads the ``sft`` config section (``conf/sft/*.yaml``):
 
   1. data: token tensors ``input_ids [N, L]`` / ``attention_mask [N, L]`` (right-padded), for training
-     and validation: the ``sft_train`` / ``validation`` reviews of the seeded movie-review split
-     (``sft.source=movie_reviews``), or TL;DR ``prompt + label`` texts (``sft.source=tldr``);
+     and validation, from the function ``sft.examples`` names (the task's: the movie reviews' in
+     ``rlhf_train/tasks/movie_reviews/hooks.py``, TL;DR ``prompt + label`` texts in :func:`text_sft_examples`);
   2. model: a ``transformers`` causal LM from ``sft.init`` (hub name / local dir, e.g. ``gpt2``) or,
      with ``sft.init=null``, randomly initialised from the ``policy.config`` architecture;
   3. ``sft.max_steps`` AdamW steps on the causal-LM loss (next-token cross-entropy over every real
      token; padding is ignored), linear warm-up then cosine decay to ``min_lr_ratio * lr``;
   4. validation loss (mean per-token cross-entropy, nats) every ``eval_every`` steps and at the end;
-  5. ``save_pretrained`` of model and tokenizer into ``out_dir`` (the PPO stage loads it from there).
+  5. ``save_pretrained`` of model and tokenizer into ``out_dir`` (the RL stage loads it from there).
 
 With ``sft.lora.r > 0`` step 2 puts a LoRA adapter on the ``sft.init`` model (peft,
 :mod:`rlhf_train.models.lora`) and only the adapter trains; step 5 saves the adapter in
-``out_dir/adapter`` and the merged model (``merge_and_unload``) in ``out_dir``: a plain model for the PPO
+``out_dir/adapter`` and the merged model (``merge_and_unload``) in ``out_dir``: a plain model for the RL
 stage, whose own ``policy.lora`` (if any) is then a fresh adapter on it.
 
 The training-loop helpers here (:func:`make_optimizer`, :func:`batches`) are shared with the reward
@@ -86,10 +86,10 @@ def check_positive(section: str, scfg: DictConfig, keys: tuple[str, ...]) -> Non
 def load_text_dataset(name: str, split: str, key: str):
     """A Hugging Face dataset split (local ``save_to_disk`` dir, local files or a hub name); offline hub
     names fail with one line naming ``key``."""
-    from rlhf_train.data.prompts import _load_hf_dataset
+    from rlhf_train.data.loading import load_hf_dataset
 
     try:
-        return _load_hf_dataset(name, split)
+        return load_hf_dataset(name, split)
     except ConfigError as err:
         raise ConfigError(str(err).replace("data.dataset", key)) from None
 
@@ -108,33 +108,46 @@ def encode_texts(tokenizer, texts: list[str], max_len: int) -> dict[str, torch.T
     return {"input_ids": enc["input_ids"].long(), "attention_mask": enc["attention_mask"].long()}
 
 
-def movie_review_splits(seed: int):
-    from rlhf_train.tasks.movie_reviews.data import load_reviews, split_reviews
+def task_hook(cfg: DictConfig, key: str):
+    """The function a dotted-path config key names (``sft.examples``, ``rm.pairs``, ``evaluation.judge_fn``,
+    ...): how the pipeline reaches a task's code without importing it; ``None`` when the key is null.
+    One ConfigError naming ``key`` when the path does not import."""
+    from hydra.utils import get_method
+    from omegaconf import OmegaConf
 
-    return split_reviews(load_reviews("imdb"), seed=seed)
+    path = OmegaConf.select(cfg, key)
+    if not path:
+        return None
+    try:
+        return get_method(str(path))
+    except Exception as err:  # ImportError / AttributeError, wrapped by Hydra
+        raise ConfigError(f"{key}='{path}' does not name an importable function ({type(err).__name__}); set "
+                          f"{key}=<package.module.function>") from None
 
 
 # --------------------------------------------------------------------------------------------
 # 1. data
 # --------------------------------------------------------------------------------------------
-def sft_data(cfg: DictConfig, tokenizer) -> tuple[dict, dict]:
-    """(train, validation) token tensors ``{"input_ids", "attention_mask"}``, each ``[N, sft.max_len]``."""
+def text_sft_examples(cfg: DictConfig, tokenizer) -> tuple[dict, dict]:
+    """``sft.examples`` of the TL;DR recipe: ``prompt + label`` texts of ``sft.dataset`` (CarperAI/
+    openai_summarize_tldr: ``prompt`` is post + "TL;DR:", ``label`` the summary), ``[N, sft.max_len]``."""
     s = cfg.sft
-    if s.source == "movie_reviews":
-        from rlhf_train.tasks.movie_reviews.data import sft_examples
+    out = []
+    for split, limit in ((s.train_split, s.max_train_examples), (s.val_split, s.max_eval_examples)):
+        ds = load_text_dataset(s.dataset, split, "sft.dataset")
+        ds = ds.select(range(min(len(ds), limit))) if limit is not None else ds
+        out.append(encode_texts(tokenizer, [p + l for p, l in zip(ds["prompt"], ds["label"])], s.max_len))
+    return out[0], out[1]
 
-        splits = movie_review_splits(cfg.data.seed)
-        train_reviews = splits["sft_train"][: s.max_train_examples]
-        val_reviews = splits["validation"][: s.max_eval_examples]
-        return sft_examples(tokenizer, train_reviews, s.max_len), sft_examples(tokenizer, val_reviews, s.max_len)
-    if s.source == "tldr":  # CarperAI/openai_summarize_tldr: columns prompt (post + "TL;DR:") and label
-        out = []
-        for split, limit in ((s.train_split, s.max_train_examples), (s.val_split, s.max_eval_examples)):
-            ds = load_text_dataset(s.dataset, split, "sft.dataset")
-            ds = ds.select(range(min(len(ds), limit))) if limit is not None else ds
-            out.append(encode_texts(tokenizer, [p + l for p, l in zip(ds["prompt"], ds["label"])], s.max_len))
-        return out[0], out[1]
-    raise ConfigError(f"sft.source='{s.source}' is not valid; choose one of movie_reviews, tldr")
+
+def sft_data(cfg: DictConfig, tokenizer) -> tuple[dict, dict]:
+    """(train, validation) token tensors ``{"input_ids", "attention_mask"}``, each ``[N, sft.max_len]``: from
+    the function ``sft.examples`` names (the task's own, e.g. the movie reviews' or :func:`text_sft_examples`)."""
+    examples = task_hook(cfg, "sft.examples")
+    if examples is None:
+        raise ConfigError("sft.examples is null: set it to the function that gives the SFT data "
+                          "(e.g. rlhf_train.pipeline.sft.text_sft_examples)")
+    return examples(cfg, tokenizer)
 
 
 # --------------------------------------------------------------------------------------------
@@ -179,7 +192,7 @@ def train_sft(cfg: DictConfig, tokenizer, out_dir: str | Path) -> dict[str, Any]
     # 1. data
     train, val = sft_data(cfg, tokenizer)
     if train["input_ids"].shape[0] == 0:
-        raise ConfigError("the SFT training set is empty; check sft.source / sft.dataset / sft.max_train_examples")
+        raise ConfigError("the SFT training set is empty; check sft.examples / sft.dataset / sft.max_train_examples")
     # 2. model
     lm = build_sft_model(cfg, tokenizer)
     lm = apply_lora(lm, lora, key="sft.lora")  # r = 0: lm itself; the optimizer takes its trainable parameters
@@ -212,7 +225,7 @@ def train_sft(cfg: DictConfig, tokenizer, out_dir: str | Path) -> dict[str, Any]
                      val_loss, time.perf_counter() - t0)
     # 5. save
     lm.eval()
-    if is_peft_model(lm):  # LoRA: the adapter, then the merged plain model the PPO stage loads
+    if is_peft_model(lm):  # LoRA: the adapter, then the merged plain model the RL stage loads
         lm.save_pretrained(str(Path(out_dir) / "adapter"))
         lm = lm.merge_and_unload()
     lm.save_pretrained(str(out_dir))

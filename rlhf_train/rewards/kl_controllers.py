@@ -14,7 +14,7 @@ sequence as in the paper); and it has no state_dict, so a resumed run would rest
 from init_kl_coef. Ours takes per-sequence KL (summed over response tokens, in nats),
 counts sequences, and saves/loads its state. Fed the same numbers (values =
 -coef * kl_seq, one per sequence) both give the same update; see
-tests/test_kl_controllers.py.
+tests/unit/rewards/test_kl_controllers.py.
 """
 
 from __future__ import annotations

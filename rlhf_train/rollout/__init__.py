@@ -1,9 +1,8 @@
 """Layer 6, rollout: turning prompts into scored rollouts.
 
-``RolloutFromModel`` (``rollout_from_model``) generates with a ``GenerationBackend``, then scores policy,
-reference and reward sources once each over prompt + response; ``torchrl_compat`` holds, in one place,
-what it accepts and offers only because torchrl's does (``PromptData`` batches, torchrl's composite KL
-transforms).
+``RolloutFromModel`` (``rollout_from_model``) is the class the training loop calls each iteration: a
+prompt batch and β in, a typed ``Rollout`` out, assembled from a generation backend, the reference, the
+reward sources and the shaping stack. Its torchrl-compatible surface is :mod:`rlhf_train.compat.torchrl`.
 
 May import: every layer up to ``rlhf_train.algorithms``.
 

@@ -18,7 +18,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from rlhf_train.infra.errors import ConfigError
+from rlhf_train.infra.errors import ConfigError, instantiate_or_config_error
 
 
 def export_checkpoint(checkpoint: str | Path, out_dir: str | Path) -> Path:
@@ -49,7 +49,6 @@ def _export_lora(checkpoint: Path, out_dir: Path) -> Path:
     from safetensors.torch import load_file
     from transformers import AutoTokenizer
 
-    from rlhf_train.loop.components import instantiate_or_config_error
     from rlhf_train.models.export import export_policy
 
     cfg = OmegaConf.load(checkpoint / "config.yaml")

@@ -1,8 +1,9 @@
 """rlhf_train's own KV-cached sampling loop: the trunk once per new token, the LM head vocabulary-major,
 and a two-level inverse-CDF sampler that walks the vocabulary three times.
 
-Why not ``transformers``' ``generate`` (:class:`~rlhf_train.generation.hf_generate.HFGenerateBackend`
-still uses it for a ``generation_config`` and for trunks this loop cannot drive): at RLHF's small widths a
+:class:`DecodeLoopBackend` is the default generation backend (``generation=decode_loop``); for a
+``generation_config`` (torchrl's API) and for trunks this loop cannot drive it hands the call to
+:class:`~rlhf_train.generation.hf_generate.HFGenerateBackend`. Why not ``transformers``' ``generate``: at RLHF's small widths a
 decode step is the LM head and the sampling over ``V``, not the transformer. ``generate`` computes the head
 as ``h @ Wᵀ`` (``[B, V]``), copies the logits, runs the logits processors (our sampler: softmax + a float64
 cumulative sum over ``V``), then an argmax over ``V`` to read the token back, and concatenates its
@@ -18,6 +19,7 @@ a 2-layer width-128 GPT-2, 0.60 -> 0.42 s; the README's performance section has 
 from __future__ import annotations
 
 import inspect
+from typing import Callable
 
 import torch
 from torch import nn
@@ -29,6 +31,8 @@ from rlhf_train.core.sampling import (
     process_logits,
     sample_vocab_major,
 )
+from rlhf_train.generation.base import Generation, finish, pad_steps
+from rlhf_train.generation.hf_generate import HFGenerateBackend
 from rlhf_train.models.scoring import lm_trunk_and_head, vocab_major_logits
 
 
@@ -102,3 +106,42 @@ def sample_with_cache(lm: nn.Module, prompt: torch.Tensor, prompt_mask: torch.Te
         position = position + 1
     return (torch.stack(tokens, 1), torch.stack(log_probs, 1) if log_probs else None,
             torch.stack(hidden, 1) if keep_hidden else None)
+
+
+class DecodeLoopBackend:
+    """:class:`~rlhf_train.generation.base.GenerationBackend` running :func:`sample_with_cache` on the
+    policy's causal LM; the same arguments as :class:`~rlhf_train.generation.hf_generate.HFGenerateBackend`
+    (which it hands a ``generation_config`` call, or a model :func:`can_drive` rejects, to)."""
+
+    def __init__(self, model, *, eos_token_id: int | list[int] | tuple[int, ...], pad_token_id: int, max_new_tokens: int,
+                 sampling: SamplingParams = SamplingParams(), do_sample: bool = True, with_scores: bool = True,
+                 unwrap_fn: Callable | None = None):
+        self.model, self.eos_token_id, self.pad_token_id = model, eos_token_id, pad_token_id
+        self.max_new_tokens, self.sampling, self.do_sample = max_new_tokens, sampling, do_sample
+        self.with_scores, self.unwrap_fn = with_scores, unwrap_fn or (lambda m: m)
+        self.fallback = HFGenerateBackend(model, eos_token_id=eos_token_id, pad_token_id=pad_token_id,
+                                          max_new_tokens=max_new_tokens, sampling=sampling, do_sample=do_sample,
+                                          with_scores=with_scores, unwrap_fn=unwrap_fn)
+
+    def drives(self) -> bool:
+        """Whether the loop (not the ``generate`` fallback) samples for this policy."""
+        base = self.unwrap_fn(self.model)
+        return can_drive(getattr(base, "lm", base))
+
+    @torch.no_grad()
+    def generate(self, prompt: torch.Tensor, prompt_mask: torch.Tensor, num_samples: int = 1,
+                 generation_config=None) -> Generation:
+        """See :meth:`~rlhf_train.generation.base.GenerationBackend.generate`."""
+        base = self.unwrap_fn(self.model)
+        lm = getattr(base, "lm", base)
+        if generation_config is not None or not can_drive(lm):
+            return self.fallback.generate(prompt, prompt_mask, num_samples, generation_config=generation_config)
+        T = self.max_new_tokens
+        value_head = getattr(base, "value_head", None) if self.with_scores and self.do_sample else None
+        response, log_probs, hidden = sample_with_cache(  # samples of a prompt adjacent, one prefill each
+            lm, prompt, prompt_mask, max_new_tokens=T, eos_token_id=self.eos_token_id,
+            pad_token_id=self.pad_token_id, sampling=self.sampling, do_sample=self.do_sample,
+            keep_hidden=value_head is not None, num_samples=num_samples)
+        values = value_head(pad_steps(hidden, T)).float() if value_head is not None else None
+        return finish(response, T, self.eos_token_id, self.pad_token_id,
+                      log_probs if self.with_scores else None, values)

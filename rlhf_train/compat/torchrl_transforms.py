@@ -1,9 +1,14 @@
-"""The reward-shaping stack: reference log-prob → KL → reward adjustment (+ score shaping).
+"""torchrl compatibility: the seeds' reward-shaping ``Transform``s (reference log-prob → KL → reward
+adjustment, + score shaping) over string-keyed rollout TensorDicts, as adapters over the product code.
 
-Each transform maps a rollout TensorDict (batch ``[B]``, written by ``RolloutFromModel``) to itself
-with new keys, and is a torchrl :class:`~torchrl.envs.Transform`, so the same objects compose with
-torchrl environments. The stack is assembled from YAML as an ordered dict keyed by name
-(``conf/transforms/default.yaml``) so a recipe or the command line can override or drop one entry.
+rlhf_train's own shaping stack is :mod:`rlhf_train.rewards.shaping` (plain callables over the typed
+``Rollout``); the math here is its functions (:func:`~rlhf_train.rewards.shaping.kl_terms`,
+:func:`~rlhf_train.rewards.shaping.per_token_reward`, :func:`~rlhf_train.rewards.shaping.missing_eos_scores`).
+Each transform maps a rollout TensorDict (batch ``[B]``, written by
+:class:`rlhf_train.compat.torchrl.RolloutFromModel`) to itself with new keys, and is a torchrl
+:class:`~torchrl.envs.Transform`, so the same objects compose with torchrl environments.
+:func:`build_transform_stack` assembles a torchrl ``Compose`` from the same YAML dict; a product shaping
+entry in it is wrapped in :class:`ShapingTransform`.
 
 Keys read and written (each configurable per transform): the torchrl keys of the rollout TensorDict, whose
 shapes and meanings are declared once, in the table of :class:`rlhf_train.core.containers.Rollout`
@@ -21,10 +26,11 @@ import torch
 from tensordict import TensorDictBase
 from torchrl.envs.transforms import Compose, Transform
 
-from rlhf_train.core.containers import is_eos
-from rlhf_train.core.kl import KL_ESTIMATORS, kl_estimate
-from rlhf_train.core.masked import masked_sum, masked_whiten
+from rlhf_train.core.containers import TORCHRL_KEYS, Rollout
+from rlhf_train.core.kl import KL_ESTIMATORS
+from rlhf_train.core.masked import masked_whiten
 from rlhf_train.infra.errors import ConfigError
+from rlhf_train.rewards.shaping import kl_terms, missing_eos_scores, per_token_reward
 
 Key = str | tuple
 
@@ -34,6 +40,26 @@ def _key(k: Any) -> Key:
     if isinstance(k, (list, tuple)) or (hasattr(k, "__iter__") and not isinstance(k, str)):
         return tuple(k)
     return k
+
+
+class ShapingTransform(Transform):
+    """A product shaping entry (``Rollout -> Rollout``, :mod:`rlhf_train.rewards.shaping`) as a torchrl
+    transform: the TensorDict's torchrl keys are viewed as a ``Rollout`` (no copy), the entry runs, the
+    fields it wrote go back under their keys."""
+
+    def __init__(self, entry):
+        super().__init__(in_keys=[], out_keys=[])
+        self.entry = entry
+
+    def forward(self, td: TensorDictBase) -> TensorDictBase:
+        ro = self.entry(Rollout.from_torchrl(td))
+        for name, key in TORCHRL_KEYS.items():
+            value = getattr(ro, name)
+            if value is not None:
+                td.set(key, value)
+        return td
+
+    _call = forward
 
 
 class _RolloutTransform(Transform):
@@ -75,10 +101,8 @@ class MissingEOSPenalty(_RolloutTransform):
             return td
         if self.eos_token_id is None:
             raise ConfigError("transforms.eos_penalty needs the tokenizer's EOS id (eos_token_id)")
-        response, mask = td.get(self.tokens_key), td.get(self.mask_key)
-        has_eos = (is_eos(response, self.eos_token_id) & mask).any(-1)  # one EOS id or several
-        score = td.get(self.score_key)
-        td.set(self.score_key, torch.where(has_eos, score, torch.full_like(score, float(self.penalty))))
+        td.set(self.score_key, missing_eos_scores(td.get(self.score_key), td.get(self.tokens_key),
+                                                  td.get(self.mask_key), self.eos_token_id, self.penalty))
         return td
 
 
@@ -169,11 +193,10 @@ class KLDivergenceTransform(_RolloutTransform):
         self.mask_key, self.kl_key, self.kl_per_sequence_key = _key(mask_key), _key(kl_key), _key(kl_per_sequence_key)
 
     def forward(self, td: TensorDictBase) -> TensorDictBase:
-        mask = td.get(self.mask_key)
-        kl = kl_estimate(td.get(self.log_prob_key), td.get(self.ref_log_prob_key), self.estimator)
-        kl = kl.masked_fill(~mask, 0.0)
+        kl, kl_per_sequence = kl_terms(td.get(self.log_prob_key), td.get(self.ref_log_prob_key),
+                                       td.get(self.mask_key), self.estimator)
         td.set(self.kl_key, kl)
-        td.set(self.kl_per_sequence_key, masked_sum(kl, mask, dim=-1))
+        td.set(self.kl_per_sequence_key, kl_per_sequence)
         return td
 
 
@@ -204,11 +227,10 @@ class RewardAdjustmentTransform(_RolloutTransform):
                 raise ConfigError(f"transforms.reward: the rollout carries no {self.coef_key!r} entry and no "
                                   f"transforms.reward.coef is set")
             coef = torch.full(kl.shape[:1], float(self.coef), device=kl.device)
-        reward_raw = td.get(self.score_key)[:, None] * td.get(self.done_key).float()
-        reward_kl = -coef[:, None] * kl
+        reward_raw, reward_kl, reward = per_token_reward(td.get(self.score_key), td.get(self.done_key), kl, coef)
         td.set(self.reward_raw_key, reward_raw)
         td.set(self.reward_kl_key, reward_kl)
-        td.set(self.reward_key, reward_raw + reward_kl)
+        td.set(self.reward_key, reward)
         return td
 
 
@@ -230,7 +252,8 @@ class RewardWhitening(_RolloutTransform):
 # Assembly from YAML
 # --------------------------------------------------------------------------------------------
 def build_transform_stack(entries: dict | None, **runtime: Any) -> Compose:
-    """Instantiate the ordered dict of transform configs into one :class:`Compose`.
+    """Instantiate the ordered dict of transform configs into one torchrl :class:`Compose` (product shaping
+    entries, e.g. ``conf/transforms/default.yaml``'s, wrapped in :class:`ShapingTransform`).
 
     ``entries`` maps a name to a config with ``_target_`` (or ``None`` to drop the entry). ``runtime``
     holds objects only known at run time (``ref_log_prob_fn``, ``eos_token_id``); each transform gets
@@ -246,7 +269,8 @@ def build_transform_stack(entries: dict | None, **runtime: Any) -> Compose:
             target = get_class(cfg["_target_"])
             params = inspect.signature(target.__init__).parameters
             extra = {k: v for k, v in runtime.items() if k in params and (k not in cfg or cfg[k] is None)}
-            transforms.append(instantiate(cfg, **extra))
+            made = instantiate(cfg, **extra)
+            transforms.append(made if isinstance(made, Transform) else ShapingTransform(made))
         except Exception as err:  # hydra wraps constructor errors; surface ours as the one line
             cause = err
             while cause.__cause__ is not None:
@@ -255,39 +279,6 @@ def build_transform_stack(entries: dict | None, **runtime: Any) -> Compose:
                 raise cause
             raise ConfigError(f"transforms.{name}: {cause}") from err
     return Compose(*transforms)
-
-
-def check_transform_stack(entries: dict | None) -> None:
-    """Build the stack and run it on a stand-in rollout of 2 sequences (P=2, T=3), at start: a bad entry,
-    or one left without its input because an entry it reads from was dropped, fails here with one line
-    naming the entry, and the stack must end with the per-token ``("next", "reward")`` PPO needs."""
-    from tensordict import TensorDict
-
-    response = torch.tensor([[5, 0, 1], [5, 6, 7]])  # row 0 ends at EOS (id 0), row 1 is truncated
-    mask = torch.tensor([[True, True, False], [True, True, True]])
-    prompt, prompt_mask = torch.tensor([[1, 3], [2, 3]]), torch.tensor([[False, True], [True, True]])
-    done = torch.tensor([[False, True, False], [False, False, True]])
-    td = TensorDict({
-        "tokens": {"prompt": prompt, "response": response, "full": torch.cat([prompt, response], 1)},
-        "masks": {"prompt": prompt_mask, "response": mask, "full": torch.cat([prompt_mask, mask], 1)},
-        "log_probs": {"response": torch.full((2, 3), -1.0)}, "action": response,
-        "sample_log_prob": torch.full((2, 3), -1.0), "values": torch.zeros(2, 3), "kl_coef": torch.full((2,), 0.1),
-        "next": {"done": done, "terminated": done & torch.tensor([[True], [False]]),
-                 "truncated": done & torch.tensor([[False], [True]]), "score": torch.ones(2),
-                 "score_raw": torch.ones(2), "score_ref": torch.zeros(2)},
-    }, batch_size=[2])
-    runtime = {"ref_log_prob_fn": lambda full, full_mask, prompt_len: torch.full((2, 3), -2.0), "eos_token_id": 0}
-    for name, cfg in (entries or {}).items():
-        for transform in build_transform_stack({name: cfg}, **runtime).transforms:
-            try:
-                td = transform(td)
-            except Exception as err:
-                raise ConfigError(f"transforms.{name} ({type(transform).__name__}) fails on a stand-in rollout "
-                                  f"({type(err).__name__}: {err}): an entry it reads from was dropped, or a key "
-                                  f"is misspelled") from None
-    if td.get(("next", "reward"), None) is None:
-        raise ConfigError("the transforms stack writes no per-token ('next', 'reward'): keep transforms.reward "
-                          "(or add an entry that writes it)")
 
 
 def default_transform_stack(ref_log_prob_fn: Callable | None, kl_coef: float, score_clip: float | None,

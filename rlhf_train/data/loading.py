@@ -1,0 +1,118 @@
+"""Loading a dataset by name or path, for the prompt datasets (``prompts``, ``hf_prompts``) and the pipeline.
+
+:func:`load_hf_dataset`: a ``save_to_disk`` dir, a local path ``datasets`` can read, or a hub name (one
+quick check that the Hub is reachable or the name is in the local cache, instead of ``datasets``' ~25 s of
+retries offline). :func:`load_any`: also a single ``.json`` / ``.jsonl`` / ``.csv`` / ``.parquet`` file or a
+dir of them, and whether the result came with splits. :func:`holdout`: a dataset without splits keeps its
+last rows out of training for the evaluation's split. Bad input is one ``ConfigError`` line.
+"""
+from __future__ import annotations
+
+import logging
+import os
+
+from rlhf_train.infra.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+
+def _hub_reachable(timeout: float = 2.0) -> bool:
+    """One quick TCP connect instead of ``datasets``' retries (~25 s) when the Hub is unreachable."""
+    import socket
+
+    if os.environ.get("HF_HUB_OFFLINE") == "1" or os.environ.get("HF_DATASETS_OFFLINE") == "1":
+        return False
+    host = os.environ.get("HF_ENDPOINT", "https://huggingface.co").split("://")[-1].split("/")[0]
+    try:
+        socket.create_connection((host, 443), timeout=timeout).close()
+        return True
+    except OSError:
+        return False
+
+
+def _in_datasets_cache(name: str) -> bool:
+    import datasets
+
+    cache = os.path.expanduser(str(datasets.config.HF_DATASETS_CACHE))
+    return os.path.isdir(os.path.join(cache, name.replace("/", "___")))
+
+
+def load_hf_dataset(name: str, split: str):
+    """``datasets.load_dataset`` (or ``load_from_disk`` for a saved dir) that fails fast when offline."""
+    import datasets
+
+    path = os.path.expanduser(name)
+    if os.path.isdir(path) and os.path.exists(os.path.join(path, "dataset_info.json")):
+        return datasets.load_from_disk(path)
+    if os.path.isdir(path) and os.path.exists(os.path.join(path, "dataset_dict.json")):
+        return datasets.load_from_disk(path)[split]
+    if os.path.exists(path):
+        return datasets.load_dataset(path, split=split)
+    if not _hub_reachable() and not _in_datasets_cache(name):
+        raise ConfigError(
+            f"cannot load dataset '{name}' (split '{split}'): no network and not in the local datasets cache. "
+            f"Save it with `datasets.load_dataset(...).save_to_disk(DIR)` on a machine with network access and "
+            f"set data.dataset=DIR")
+    try:
+        return datasets.load_dataset(name, split=split, download_mode="reuse_cache_if_exists")
+    except Exception as err:  # offline, or unknown name
+        raise ConfigError(
+            f"cannot load dataset '{name}' (split '{split}'): not a local path and not reachable/cached "
+            f"({type(err).__name__}). Save it with `datasets.load_dataset(...).save_to_disk(DIR)` on a machine "
+            f"with network access and set data.dataset=DIR"
+        ) from None
+
+
+_FORMATS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet", ".arrow": "arrow"}
+
+
+def load_any(dataset: str, split: str, key: str = "data.dataset"):
+    """``(datasets.Dataset, has_splits)`` from a file, a dir of files, a ``save_to_disk`` dir or a cached hub name."""
+    import datasets
+
+    path = os.path.expanduser(str(dataset))
+    ext = os.path.splitext(path)[1].lower()
+    if os.path.isfile(path):
+        if ext not in _FORMATS:
+            raise ConfigError(f"{key}={dataset}: unknown file type '{ext}'; use .json, .jsonl, .csv or .parquet")
+        return _read_files(_FORMATS[ext], path, dataset, key), False
+    if os.path.isdir(path):
+        if os.path.exists(os.path.join(path, "dataset_info.json")):
+            return datasets.load_from_disk(path), False
+        if os.path.exists(os.path.join(path, "dataset_dict.json")):
+            dd = datasets.load_from_disk(path)
+            if split not in dd:
+                raise ConfigError(f"{key}={dataset} has no split '{split}' (has {list(dd)}); set data.split")
+            return dd[split], True
+        files = [f for f in sorted(os.listdir(path)) if os.path.splitext(f)[1].lower() in _FORMATS]
+        if files:
+            fmt = _FORMATS[os.path.splitext(files[0])[1].lower()]
+            return _read_files(fmt, [os.path.join(path, f) for f in files], dataset, key), False
+    elif ext in _FORMATS or path.startswith(("/", ".", "~")):
+        raise ConfigError(f"{key}={dataset}: no such file or directory")
+    return load_hf_dataset(str(dataset), split), True
+
+
+def _read_files(fmt: str, files, dataset: str, key: str):
+    import datasets
+
+    try:
+        return datasets.load_dataset(fmt, data_files=files, split="train")
+    except Exception as err:  # an empty file, a malformed row, ...
+        if "no data" in str(err):
+            raise ConfigError(f"{key}={dataset} has no rows") from None
+        raise ConfigError(f"{key}={dataset}: cannot read it as {fmt} ({type(err).__name__}: {str(err)[:200]})") from None
+
+
+def holdout(ds, has_splits: bool, split: str, eval_holdout: int, key: str = "data.dataset"):
+    """A dataset without splits: split ``train`` is all but its last ``eval_holdout`` rows (at most half),
+    any other split (the evaluation's, e.g. ``test`` / ``valid``) those rows, so evaluation never sees
+    training prompts (logged)."""
+    if has_splits or eval_holdout <= 0:
+        return ds
+    n = len(ds)
+    k = min(int(eval_holdout), n // 2)
+    if split != "train":
+        log.info("[data] %s has no splits: evaluating on its last %d rows (held out of training)", key, k)
+        return ds.select(range(n - k, n))
+    return ds.select(range(n - k))

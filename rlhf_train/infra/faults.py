@@ -1,0 +1,47 @@
+"""The run's fault counters, one typed object (:class:`Faults`), written through its methods only.
+
+* skipped updates: a minibatch whose rollout fields, loss or gradient norm is not finite is not applied
+  (:mod:`rlhf_train.algorithms.update`); ``max_consecutive`` in a row stop the run;
+* reward errors: a batch whose Python reward function raised is skipped (the loop's rollout guard);
+  ``max_consecutive`` such batches in a row stop the run.
+
+Saved in every checkpoint (``state_dict``) under the same keys as the logged ``faults/*`` metrics.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+
+@dataclass
+class Faults:
+    max_consecutive: int = 3        # trainer.max_consecutive_faults: a stop after this many in a row
+    skipped: int = 0                # updates skipped in all (faults/skipped_updates)
+    consecutive: int = 0            # ... in a row, up to now
+    reward_errors: int = 0          # batches skipped because a reward function raised (faults/reward_errors)
+    reward_consecutive: int = 0     # ... in a row, up to now
+
+    def skip_update(self) -> None:
+        self.skipped += 1
+        self.consecutive += 1
+
+    def good_update(self) -> None:
+        self.consecutive = 0
+
+    def too_many_skipped(self) -> bool:
+        return self.consecutive >= self.max_consecutive
+
+    def reward_failed(self) -> bool:
+        """Count a skipped batch; True when that makes ``max_consecutive`` in a row."""
+        self.reward_errors += 1
+        self.reward_consecutive += 1
+        return self.reward_consecutive >= self.max_consecutive
+
+    def reward_ok(self) -> None:
+        self.reward_consecutive = 0
+
+    def state_dict(self) -> dict:
+        return {k: v for k, v in asdict(self).items() if k != "max_consecutive"}
+
+    def load_state_dict(self, state: dict) -> None:
+        for key in ("skipped", "consecutive", "reward_errors", "reward_consecutive"):
+            setattr(self, key, int(state.get(key, 0)))
