@@ -8,6 +8,8 @@ Layers, bottom to top (the first package under ``rlhf_train/``; the top-level ``
 
 Every import is read with :mod:`ast` (module level and inside functions, ``import x`` and
 ``from x import y``, relative imports resolved), so a lazy import inside a function counts too.
+No two files import each other, directly or around a circle (a lazy import inside a function
+included): a helper both need goes into a module below both, split by concept.
 """
 from __future__ import annotations
 
@@ -154,3 +156,86 @@ def test_import_scanner_sees_lazy_and_relative_imports(tmp_path):
     probe.write_text("def f():\n    from ..loop import trainer\n    import rlhf_train.pipeline.run\nfrom . import masked\n")
     found = sorted(m for _, m in _imports(probe, own="rlhf_train.core.probe"))
     assert found == ["rlhf_train.core.masked", "rlhf_train.loop.trainer", "rlhf_train.pipeline.run"]
+
+
+def _import_circles(package: Path) -> list[list[str]]:
+    """Every import circle between files of ``package`` (a dir with ``__init__.py``): the strongly
+    connected components of more than one module in the graph "file A imports file B" (module-level and
+    function-level imports; ``from a import b`` resolved to the module ``a.b`` when it is one, else ``a``).
+
+    An import of the importer's own package or of a package above it is no edge (Python runs those
+    ``__init__`` files first, whatever the order); an explicit import of another package is one (its
+    ``__init__.py`` runs then, and may re-export).
+    """
+    modules: dict[str, Path] = {}
+    for path in sorted(p for p in package.rglob("*.py") if "__pycache__" not in p.parts):
+        parts = list(path.relative_to(package.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        modules[".".join(parts)] = path
+    edges: dict[str, set[str]] = {m: set() for m in modules}
+    for importer, path in modules.items():
+        for _, mod in _imports(path, own=importer):
+            target = mod
+            while target and target not in modules:  # ``a.b.name`` -> ``a.b``: the file that defines it
+                target = target.rpartition(".")[0]
+            if target and target != importer and not importer.startswith(target + "."):
+                edges[importer].add(target)
+
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    circles: list[list[str]] = []
+
+    def visit(v: str) -> None:  # Tarjan's strongly connected components
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(edges[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                circles.append(sorted(component))
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return sorted(circles)
+
+
+def test_no_import_circles():
+    circles = _import_circles(PACKAGE)
+    assert not circles, (
+        "import circles between files (a file may not import, even lazily inside a function, a file that "
+        "imports it back, directly or around a circle): move what both need into a module below both, "
+        "split by concept:\n" + "\n".join("  " + " <-> ".join(c) for c in circles)
+    )
+
+
+def test_circle_finder_sees_direct_lazy_and_relative_circles(tmp_path):
+    """The circle finder itself, on a tiny package: a lazy relative import closes a circle, a chain does not."""
+    pkg = tmp_path / "pkg"
+    (pkg / "sub").mkdir(parents=True)
+    for init in (pkg / "__init__.py", pkg / "sub" / "__init__.py"):
+        init.write_text('"""A package."""\n')
+    (pkg / "a.py").write_text("from pkg.b import helper\n")
+    (pkg / "b.py").write_text("def helper():\n    from . import a\n    return a\n")  # lazy, relative: a <-> b
+    (pkg / "c.py").write_text("import pkg.a\nfrom pkg.sub import d\n")  # imports into the circle: not in it
+    (pkg / "sub" / "d.py").write_text("from .. import sub\nfrom ..sub.e import x\n")  # own package: no edge
+    (pkg / "sub" / "e.py").write_text("from pkg.sub.f import y\n")
+    (pkg / "sub" / "f.py").write_text("def g():\n    from pkg.sub.e import x\n")  # e <-> f, two levels down
+    assert _import_circles(pkg) == [["pkg.a", "pkg.b"], ["pkg.sub.e", "pkg.sub.f"]]
+    (pkg / "b.py").write_text("def helper():\n    return 1\n")
+    assert _import_circles(pkg) == [["pkg.sub.e", "pkg.sub.f"]]

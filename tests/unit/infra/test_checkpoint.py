@@ -41,6 +41,7 @@ def _save(run_dir, iteration, keep=0):
 # --------------------------------------------------------------------------------------------
 def test_disk_full_while_checkpointing_is_one_line_naming_the_intact_checkpoint(tmp_path, monkeypatch):
     from rlhf_train.infra import checkpoint as ckpt
+    from rlhf_train.infra.resume import verify_checkpoint
 
     first = _save(tmp_path, 1)
     real_save = torch.save
@@ -59,7 +60,7 @@ def test_disk_full_while_checkpointing_is_one_line_naming_the_intact_checkpoint(
     assert "checkpoint iter_000002 could not be written" in msg and str(tmp_path / "checkpoints") in msg
     assert "the disk is full" in msg and f"the last complete checkpoint, {first}, is intact" in msg
     assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == ["iter_000001"]  # no half-written temp dir
-    assert ckpt.verify_checkpoint(first) is None
+    assert verify_checkpoint(first) is None
 
 
 def test_read_only_checkpoints_dir_is_one_line(tmp_path, monkeypatch):
@@ -85,7 +86,7 @@ def test_read_only_checkpoints_dir_is_one_line(tmp_path, monkeypatch):
 # item 8: integrity
 # --------------------------------------------------------------------------------------------
 def test_missing_complete_marker_is_reported_and_all_missing_is_an_error(tmp_path, capsys):
-    from rlhf_train.infra.checkpoint import resolve_resume
+    from rlhf_train.infra.resume import resolve_resume
 
     first, second = _save(tmp_path, 1), _save(tmp_path, 2)
     (second / "COMPLETE").unlink()
@@ -99,7 +100,7 @@ def test_missing_complete_marker_is_reported_and_all_missing_is_an_error(tmp_pat
 
 @pytest.mark.parametrize("target", ["optimizer.pt", "policy/model.safetensors", "rng_rank0.pt"])
 def test_same_size_corruption_is_caught_by_checksums(tmp_path, capsys, target):
-    from rlhf_train.infra.checkpoint import resolve_resume, verify_checkpoint
+    from rlhf_train.infra.resume import resolve_resume, verify_checkpoint
 
     first, second = _save(tmp_path, 1), _save(tmp_path, 2)
     f = second / target
@@ -115,7 +116,7 @@ def test_same_size_corruption_is_caught_by_checksums(tmp_path, capsys, target):
 
 
 def test_fault_stop_does_not_checkpoint_diverged_weights(tmp_path):
-    from rlhf_train.infra.checkpoint import list_checkpoints
+    from rlhf_train.infra.checkpoint_files import list_checkpoints
     from rlhf_train.loop.trainer import train
 
     with pytest.raises(FloatingPointError) as exc:

@@ -72,6 +72,8 @@ def _model_and_optim():
 def test_crash_mid_write_leaves_previous_checkpoint_latest(tmp_path, monkeypatch, capsys):
     from accelerate import Accelerator
     from rlhf_train.infra import checkpoint as ckpt
+    from rlhf_train.infra.errors import ConfigError
+    from rlhf_train.infra.resume import load_checkpoint, resolve_resume
 
     policy, optimizer, scheduler = _model_and_optim()
     first = _save(tmp_path, 1, policy, optimizer, scheduler)
@@ -94,11 +96,11 @@ def test_crash_mid_write_leaves_previous_checkpoint_latest(tmp_path, monkeypatch
     root = tmp_path / "checkpoints"
     assert not (root / ".tmp-iter_000002").exists() and not (root / "iter_000002").exists()
     shutil.copytree(first, root / ".tmp-iter_000002")  # what SIGKILL mid-write leaves
-    assert ckpt.resolve_resume("auto", tmp_path) == first  # the half-written one is never "latest"
+    assert resolve_resume("auto", tmp_path) == first  # the half-written one is never "latest"
 
     # and the previous one loads: the weights are those saved at iteration 1
-    state = ckpt.load_checkpoint(first, accelerator=Accelerator(cpu=True), policy=policy, optimizer=optimizer,
-                                 scheduler=scheduler)
+    state = load_checkpoint(first, accelerator=Accelerator(cpu=True), policy=policy, optimizer=optimizer,
+                            scheduler=scheduler)
     assert state["iteration"] == 1
     assert all(torch.equal(saved[k], v) for k, v in policy.state_dict().items())
 
@@ -108,14 +110,15 @@ def test_crash_mid_write_leaves_previous_checkpoint_latest(tmp_path, monkeypatch
     weights = second / "policy" / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:100])
     capsys.readouterr()
-    assert ckpt.resolve_resume("auto", tmp_path) == first
+    assert resolve_resume("auto", tmp_path) == first
     assert "skipping checkpoint" in capsys.readouterr().out
-    with pytest.raises(ckpt.ConfigError, match=r"trainer\.resume=.*model\.safetensors"):
-        ckpt.resolve_resume(str(second), tmp_path)
+    with pytest.raises(ConfigError, match=r"trainer\.resume=.*model\.safetensors"):
+        resolve_resume(str(second), tmp_path)
 
 
 def test_prune_keeps_newest_and_manifest(tmp_path):
-    from rlhf_train.infra.checkpoint import list_checkpoints, verify_checkpoint
+    from rlhf_train.infra.checkpoint_files import list_checkpoints
+    from rlhf_train.infra.resume import verify_checkpoint
 
     policy, optimizer, scheduler = _model_and_optim()
     for it in (1, 2, 3):
@@ -131,7 +134,7 @@ def test_prune_keeps_newest_and_manifest(tmp_path):
 # --------------------------------------------------------------------------------------------
 @pytest.mark.skipif(threading.current_thread() is not threading.main_thread(), reason="signals need the main thread")
 def test_sigterm_checkpoint_resume_is_exact_and_keeps_wandb_id(tmp_path, monkeypatch, capsys, caplog):
-    from rlhf_train.infra.checkpoint import read_trainer_state, verify_checkpoint
+    from rlhf_train.infra.resume import read_trainer_state, verify_checkpoint
     from rlhf_train.loop import trainer
 
     overrides = ["trainer.num_iterations=2", "trainer.checkpoint_every=10", "kl_controller=adaptive"]
@@ -200,7 +203,8 @@ def test_second_signal_exits_at_once(monkeypatch):
 # --------------------------------------------------------------------------------------------
 @pytest.mark.slow
 def test_cli_sigterm_checkpoints_and_exits_143(tmp_path):
-    from rlhf_train.infra.checkpoint import list_checkpoints, verify_checkpoint
+    from rlhf_train.infra.checkpoint_files import list_checkpoints
+    from rlhf_train.infra.resume import verify_checkpoint
 
     run = tmp_path / "run"
     cmd = [sys.executable, "-m", "rlhf_train", *FAST, "trainer.num_iterations=500", "trainer.checkpoint_every=400",
