@@ -131,6 +131,12 @@ if __name__ == "__main__":
 
     if launched_by_torch_elastic():  # a worker of `accelerate launch` / torchrun: never outlive the launcher
         die_with_parent()
+    from rlhf_train.config.moved_keys import moved_key_message
+
+    moved = next((m for m in map(moved_key_message, sys.argv[1:]) if m), None)
+    if moved:  # a key of an older layout: one line naming the new one, before Hydra composes
+        print(f"Error: {moved}", file=sys.stderr, flush=True)
+        sys.exit(2)
     if "--hydra-help" in sys.argv[1:]:
         sys.argv[1:] = hydra_help_argv(sys.argv[1:])
     else:

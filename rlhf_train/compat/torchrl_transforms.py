@@ -30,7 +30,7 @@ from rlhf_train.core.containers import TORCHRL_KEYS, Rollout
 from rlhf_train.core.kl import KL_ESTIMATORS
 from rlhf_train.core.masked import masked_whiten
 from rlhf_train.infra.errors import ConfigError
-from rlhf_train.rewards.shaping import kl_terms, missing_eos_scores, per_token_reward
+from rlhf_train.rewards.shaping import KLDivergence, kl_terms, missing_eos_scores, per_token_reward
 
 Key = str | tuple
 
@@ -52,7 +52,10 @@ class ShapingTransform(Transform):
         self.entry = entry
 
     def forward(self, td: TensorDictBase) -> TensorDictBase:
-        ro = self.entry(Rollout.from_torchrl(td))
+        ro = Rollout.from_torchrl(td)
+        if ro.sample_log_prob is None:  # torchrl's own key for the policy's log-probs
+            ro.sample_log_prob = td.get(("log_probs", "response"), None)
+        ro = self.entry(ro)
         for name, key in TORCHRL_KEYS.items():
             value = getattr(ro, name)
             if value is not None:
@@ -278,6 +281,13 @@ def build_transform_stack(entries: dict | None, **runtime: Any) -> Compose:
             if isinstance(cause, ConfigError):
                 raise cause
             raise ConfigError(f"transforms.{name}: {cause}") from err
+    ref_fn = runtime.get("ref_log_prob_fn")
+    kl_at = [i for i, t in enumerate(transforms) if isinstance(t, KLDivergenceTransform)
+             or isinstance(getattr(t, "entry", None), KLDivergence)]
+    if ref_fn is not None and kl_at and not any(isinstance(t, ReferenceModelLogProbTransform) for t in transforms):
+        # the product stack has no reference entry (its rollout computes π_ref's log-probs before the stack
+        # runs): this torchrl stack runs the reference pass itself, right before the KL entry
+        transforms.insert(kl_at[0], ReferenceModelLogProbTransform(ref_fn))
     return Compose(*transforms)
 
 

@@ -79,7 +79,7 @@ GROUP_HELP = {
     "logger": "where metrics go: W&B, metrics.csv, or nowhere",
     "sft": "stage 1 of the pipeline: supervised fine-tuning (stage=sft or pipeline)",
     "rm": "stage 2 of the pipeline: reward-model training (stage=rm or pipeline)",
-    "evaluation": "after PPO: the before/after table, summary.json and plot",
+    "evaluation": "after the RL stage: the before/after table, summary.json and plot",
 }
 
 

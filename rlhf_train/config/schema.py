@@ -219,7 +219,7 @@ class LoggerSchema:
 # ---------------------------------------------------------------- stages of the pipeline (rlhf_train/pipeline/run.py)
 @dataclass
 class SFTSchema:
-    source: str = "movie_reviews"
+    examples: Optional[str] = None  # the task's SFT data: dotted path of fn(cfg, tokenizer) -> (train, validation)
     dataset: Optional[str] = None
     train_split: str = "train"
     val_split: str = "valid"
@@ -244,7 +244,7 @@ class SFTSchema:
 
 @dataclass
 class RMSchema:
-    source: str = "movie_reviews"
+    pairs: Optional[str] = None  # the task's preference pairs: dotted path of fn(cfg, tokenizer) -> (train, validation)
     dataset: Optional[str] = None
     train_split: str = "train"
     val_split: str = "valid1"
@@ -277,6 +277,8 @@ class EvaluationSchema:
     batch_size: int = 64
     num_samples_shown: int = 4
     judge: bool = True
+    judge_fn: Optional[str] = None  # the judge: dotted path of fn(cfg) -> a judge or None (null: no judge)
+    task_check: Optional[str] = None  # pre-flight check of the task's options: dotted path of fn(cfg) -> None
     plot: bool = True
     seed: int = 0
     fluency_max_drop: float = 0.5
@@ -284,7 +286,7 @@ class EvaluationSchema:
 
 @dataclass
 class Config:
-    stage: str = "ppo"
+    stage: str = "rl"  # rl (the RL loop alone) | sft | rm | pipeline (rlhf_train/pipeline/stages.py)
     cache_dir: str = "${oc.env:RLHF_TRAIN_CACHE,${oc.env:HOME}/.cache/rlhf_train}"
     task_name: str = "rlhf"
     tokenizer: Any = MISSING

@@ -163,6 +163,9 @@ class Rollout(TensorClass["nocast", "shadow"]):
         """The typed view of a torchrl-style rollout TensorDict (shares its tensors, copies nothing)."""
         present = set(td.keys(include_nested=True))
         fields = {name: td.get(key) for name, key in TORCHRL_KEYS.items() if key in present}
+        for name, typed in (("tokens", Tokens), ("masks", Masks)):  # a plain nested TensorDict: its typed view
+            if name in fields and not isinstance(fields[name], typed):
+                fields[name] = typed.from_tensordict(fields[name])
         return cls(**fields, batch_size=td.batch_size[:1], device=td.device)
 
 

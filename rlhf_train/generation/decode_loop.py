@@ -36,14 +36,28 @@ from rlhf_train.generation.hf_generate import HFGenerateBackend
 from rlhf_train.models.scoring import lm_trunk_and_head, vocab_major_logits
 
 
+def cache_argument(trunk: nn.Module) -> str | None:
+    """The name the trunk's forward takes its KV cache by: ``cache`` (transformers >= 5.24) or
+    ``past_key_values`` (older releases; deprecated since), or ``None``."""
+    params = inspect.signature(trunk.forward).parameters
+    return next((name for name in ("cache", "past_key_values") if name in params), None)
+
+
 def can_drive(lm: nn.Module) -> bool:
     """Whether this loop can run ``lm``: a decoder-only trunk whose forward takes ``position_ids`` and a
-    ``past_key_values`` cache (every ``transformers`` causal LM of the Llama / GPT-2 families does)."""
+    KV cache (every ``transformers`` causal LM of the Llama / GPT-2 families does)."""
     if getattr(getattr(lm, "config", None), "is_encoder_decoder", False):
         return False
     trunk, head = lm_trunk_and_head(lm)
     params = inspect.signature(trunk.forward).parameters
-    return head is not None and all(k in params for k in ("position_ids", "past_key_values", "attention_mask"))
+    return (head is not None and cache_argument(trunk) is not None
+            and all(k in params for k in ("position_ids", "attention_mask")))
+
+
+def _cache_of(out):
+    """The KV cache a trunk's output carries (``cache`` in transformers >= 5.24, ``past_key_values`` before)."""
+    cache = out.get("cache", None)
+    return cache if cache is not None else out.past_key_values
 
 
 def _pick(logits_t: torch.Tensor, sampling: SamplingParams, do_sample: bool):
@@ -75,11 +89,12 @@ def sample_with_cache(lm: nn.Module, prompt: torch.Tensor, prompt_mask: torch.Te
     the value head reads). Randomness: one uniform per row and step from torch's global generator.
     """
     trunk, head = lm_trunk_and_head(lm)
+    cache_kw = cache_argument(trunk)
     B = prompt.shape[0] * num_samples
     mask = prompt_mask.long()
     positions = position_ids_from_mask(mask)                       # as generate gives left-padded prompts
     out = trunk(input_ids=prompt, attention_mask=mask, position_ids=positions, use_cache=True)
-    cache, h = out.past_key_values, out.last_hidden_state[:, -1]   # h [N, H] predicts the next token
+    cache, h = _cache_of(out), out.last_hidden_state[:, -1]        # h [N, H] predicts the next token
     if num_samples > 1:                                            # one prefill per prompt, then B rows
         cache.batch_repeat_interleave(num_samples)
         h, mask, positions = (x.repeat_interleave(num_samples, 0) for x in (h, mask, positions))
@@ -100,9 +115,9 @@ def sample_with_cache(lm: nn.Module, prompt: torch.Tensor, prompt_mask: torch.Te
         if t == max_new_tokens - 1 or bool(finished.all()):
             break
         mask = torch.cat([mask, mask.new_ones(B, 1)], dim=1)
-        out = trunk(input_ids=token[:, None], attention_mask=mask, position_ids=position, past_key_values=cache,
-                    use_cache=True)
-        cache, h = out.past_key_values, out.last_hidden_state[:, -1]
+        out = trunk(input_ids=token[:, None], attention_mask=mask, position_ids=position, use_cache=True,
+                    **{cache_kw: cache})
+        cache, h = _cache_of(out), out.last_hidden_state[:, -1]
         position = position + 1
     return (torch.stack(tokens, 1), torch.stack(log_probs, 1) if log_probs else None,
             torch.stack(hidden, 1) if keep_hidden else None)

@@ -82,6 +82,7 @@ class Run:
     lr_scheduler: Any
     loader: Any
     dataset: Any
+    reward_model: Any              # the reward_model group's model (None: the `rewards` entries score alone)
     rollout: RolloutFromModel
     kl_controller: Any
     gather: Callable[[torch.Tensor], torch.Tensor]
@@ -168,8 +169,8 @@ def build_run(cfg: DictConfig, accelerator=None, run_dir: str | Path | None = No
     multi = accelerator.num_processes > 1
     gather = (lambda t: accelerator.gather(t.to(accelerator.device)).cpu()) if multi else (lambda t: t)
     all_reduce_sum = (lambda t: accelerator.reduce(t.to(accelerator.device), "sum").to(t.device)) if multi else None
-    return Run(cfg, decisions, accelerator, tokenizer, prepared, optimizer, lr_scheduler, loader, dataset, rollout,
-               kl_controller, gather, all_reduce_sum)
+    return Run(cfg, decisions, accelerator, tokenizer, prepared, optimizer, lr_scheduler, loader, dataset,
+               reward_model, rollout, kl_controller, gather, all_reduce_sum)
 
 
 def build_shaping_for(cfg: DictConfig, eos_token_ids: tuple[int, ...]) -> dict:

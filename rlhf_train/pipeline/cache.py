@@ -35,7 +35,7 @@ log = logging.getLogger(__name__)
 
 
 # bump a stage's version when its code changes what it produces: old cache entries are then ignored
-STAGE_VERSIONS = {"sft": 1, "rm": 1, "ppo": 1}
+STAGE_VERSIONS = {"sft": 1, "rm": 1, "rl": 1}
 
 
 # config keys that never change a stage's output (where things are written, how progress is shown)
@@ -148,7 +148,7 @@ class Timer:
     """Wall-clock and CPU time (``process_time``: all threads of this process) of each named step.
 
     A step that raises is logged as ``failed after N s: <error type>`` (``interrupted`` for a
-    KeyboardInterrupt / SystemExit, e.g. a preempted PPO stage), its row gets ``error``, and the
+    KeyboardInterrupt / SystemExit, e.g. a preempted RL stage), its row gets ``error``, and the
     exception propagates unchanged."""
 
     def __init__(self):

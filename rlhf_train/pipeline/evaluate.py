@@ -1,21 +1,23 @@
-"""Evaluation of the pipeline: the policy before PPO (the SFT model) against the policy after PPO.
+"""Evaluation of the pipeline: the policy before the RL stage (the SFT model) against the policy after it.
 
 ``evaluate_policy`` samples one continuation per held-out prompt with the rollout's sampling settings
 (``rollout.max_new_tokens``, ``temperature``, ``top_k``, ``top_p``) and the same seed for both policies,
 through :class:`~rlhf_train.rollout.rollout_from_model.RolloutFromModel` (one ``generate``, then one forward pass each of
 policy, reference and reward model), and measures:
 
-* ``reward``: the reward model's raw score of prompt + continuation (what PPO maximised);
+* ``reward``: the reward model's raw score of prompt + continuation (what the RL stage maximised);
 * ``judge_positive_rate``: the fraction of continuations an **independent judge** calls positive: the
-  bag-of-words logistic regression of :mod:`rlhf_train.tasks.movie_reviews.judge`, trained on ``judge_train`` reviews, which
-  the reward model never saw. The judge reads the **continuation only** (the prompt is the opening of a
-  real review, the same before and after; reading it would only dilute what PPO changed).
+  task's judge (``evaluation.judge_fn``; the movie reviews': a bag-of-words logistic regression trained on
+  ``judge_train`` reviews, which the reward model never saw). The judge reads the **continuation only** (the
+  prompt is the opening of a real review, the same before and after; reading it would only dilute what the
+  RL stage changed).
   ``judge_positive_rate_full`` is the same on prompt + continuation, for reference;
 * ``kl_per_sequence``: ``sum_t log pi(y_t|.) - log pi_ref(y_t|.)`` over the response tokens (nats, the
-  k1 estimate PPO's KL penalty uses), averaged over sequences; 0 before PPO (pi = pi_ref).
+  k1 estimate of the KL penalty), averaged over sequences; 0 before the RL stage (pi = pi_ref).
 
-``plot_ppo_history`` draws ``ppo_curves.png``: the score, the shaped score and the total reward, and the
-per-sequence KL, over PPO iterations, each curve named by the metric it plots.
+``plot_rl_history`` draws ``rl_curves.png``: the score, the shaped score and the total reward, and the
+per-sequence KL, over the RL stage's iterations (labelled with the algorithm's name), each curve named by
+the metric it plots.
 """
 from __future__ import annotations
 
@@ -100,7 +102,7 @@ def repetition_rate(texts: list[str], n: int = 3) -> float:
 
 
 def samples_table(before: dict, after: dict, n: int) -> list[dict]:
-    """The first ``n`` prompts with their continuations before and after PPO (and their scores)."""
+    """The first ``n`` prompts with their continuations before and after the RL stage (and their scores)."""
     rows = []
     for i in range(min(n, before["num_prompts"])):
         row = {"prompt": before["per_prompt"]["prompt"][i]}
@@ -140,18 +142,19 @@ def format_table(summary: dict, initial: str = "SFT", algorithm: str = "PPO") ->
     return "\n".join(lines)
 
 
-# what each curve of ppo_curves.png is (the README's metric glossary; rlhf_train/loop/metrics.py)
-PPO_CURVES = (
+# what each curve of rl_curves.png is (the README's metric glossary; rlhf_train/loop/metrics.py)
+RL_CURVES = (
     ("objective/score", "objective/score: reward-source score, unshaped"),
     ("objective/reward_raw", "objective/reward_raw: shaped score (baseline, EOS penalty, clip)"),
     ("objective/reward_total", "objective/reward_total: shaped score − β·KL"),
 )
 
 
-def plot_ppo_history(history: list[dict], path: str | Path, kl_target: float | None = None, algorithm: str = "PPO",
-                     reference: str = "the SFT model") -> Path:
-    """PNG: the score, shaped score and total reward (left) and the KL (right) per sequence over PPO
-    iterations, means over each iteration's batch; the KL target of an adaptive controller, if any.
+def plot_rl_history(history: list[dict], path: str | Path, kl_target: float | None = None, algorithm: str = "PPO",
+                    reference: str = "the SFT model") -> Path:
+    """PNG: the score, shaped score and total reward (left) and the KL (right) per sequence over the RL
+    stage's iterations (x axis: "``algorithm`` iteration"), means over each iteration's batch; the KL target
+    of an adaptive controller, if any.
 
     Each curve is labelled with the metric it plots (``objective/...``), so the picture reads against
     ``metrics.csv`` and the README's glossary. Readable with near-constant values
@@ -167,7 +170,7 @@ def plot_ppo_history(history: list[dict], path: str | Path, kl_target: float | N
     FigureCanvasAgg(fig)
     ax1, ax2 = fig.subplots(1, 2)
     rewards = []
-    for i, (key, label) in enumerate(k for k in PPO_CURVES if any(k[0] in h for h in history)):
+    for i, (key, label) in enumerate(k for k in RL_CURVES if any(k[0] in h for h in history)):
         ys = [h.get(key, math.nan) for h in history]
         rewards += ys
         ax1.plot(it, ys, label=label, **curve_style(i, points=len(it)))

@@ -1,4 +1,4 @@
-"""Plot helpers shared by the sweep report and the PPO curves: axes that stay readable and curves that
+"""Plot helpers shared by the sweep report and the RL curves: axes that stay readable and curves that
 stay visible.
 
 * :func:`readable_axis`: a few ticks at round steps (1, 2, 5 × 10^k), each labelled with its full value

@@ -28,7 +28,8 @@ def report_markdown(summary: dict, title: str = "RLHF pipeline report", n_sample
     lines = [f"# {title}", ""]
     policy = summary.get("stage_dirs", {}).get("sft")
     if policy:
-        lines += [f"Initial policy: `{policy}`; {summary.get('ppo_iterations', '?')} RL iterations; evaluated on "
+        lines += [f"Initial policy: `{policy}`; {summary.get('rl_iterations', '?')} {summary.get('algorithm', 'RL')} "
+                  f"iterations; evaluated on "
                   f"{summary['num_prompts']} held-out prompts ('{summary['eval_split']}' split), "
                   f"{summary['max_new_tokens']} new tokens at temperature {summary['temperature']}, the same "
                   f"sampling seed before and after.", ""]

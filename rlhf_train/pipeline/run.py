@@ -4,22 +4,22 @@
     python -m rlhf_train +recipe=sentiment_scratch  # stage=pipeline: SFT -> RM -> PPO from scratch
     python -m rlhf_train +recipe=sentiment_sft    # stage=sft: the SFT stage only (sentiment_rm: stage=rm)
 
-``run(cfg, run_dir)`` (``stage`` in ``pipeline | sft | rm``; ``ppo`` alone is :func:`rlhf_train.loop.trainer.train`):
+``run(cfg, run_dir)`` (``stage`` in ``pipeline | sft | rm``; ``rl`` alone is :func:`rlhf_train.loop.trainer.train`;
+a task's code only through the paths its config names: ``sft.examples``, ``rm.pairs``, ``evaluation.judge_fn``):
 
-  0. pre-flight: every value a stage will need is checked before any work (bad keys, models and datasets
-     that cannot be loaded offline, a pipeline-only group ``sft`` / ``rm`` / ``evaluation`` left null in
-     ``conf/config.yaml``): one ``ConfigError`` line naming the key or group to set;
-  1. tokenizer (cached by its own config) and, for movie-review data, the independent judge (cached);
-  2. SFT stage (:mod:`rlhf_train.pipeline.sft`) -> the PPO's initial policy and reference. Skipped when
-     ``policy.pretrained`` is set: PPO then starts from that model;
+  0. pre-flight: every value a stage will need is checked before any work (bad keys, models and datasets that
+     cannot load offline, a pipeline-only group ``sft`` / ``rm`` / ``evaluation`` left null): one ``ConfigError`` line;
+  1. tokenizer (cached by its own config) and the task's independent judge, if any (``evaluation.judge_fn``);
+  2. SFT stage (:mod:`rlhf_train.pipeline.sft`) -> the RL stage's initial policy and reference. Skipped when
+     ``policy.pretrained`` is set: the RL stage then starts from that model;
   3. reward-model stage (:mod:`rlhf_train.pipeline.reward_training`). Skipped when ``reward_model.pretrained`` is set;
-  4. PPO stage (:func:`rlhf_train.loop.trainer.train`, logging and checkpoints in the run dir);
-  5. evaluation (:mod:`rlhf_train.pipeline.evaluate`): the policy before and after PPO on held-out prompts;
-     ``summary.json``, a printed table, samples, ``ppo_curves.png`` and ``report.md`` in the run dir.
+  4. RL stage (``algorithm``: PPO, GRPO, ...; :func:`rlhf_train.loop.trainer.train`, logs and checkpoints in the run dir);
+  5. evaluation (:mod:`rlhf_train.pipeline.evaluate`): the policy before and after the RL stage on held-out
+     prompts; ``summary.json``, a printed table, samples, ``rl_curves.png`` and ``report.md`` in the run dir.
 
-Stages 2-4 are cached (:mod:`rlhf_train.pipeline.cache`): :func:`sft_key`, :func:`rm_key` and :func:`ppo_key`
+Stages 2-4 are cached (:mod:`rlhf_train.pipeline.cache`): :func:`sft_key`, :func:`rm_key` and :func:`rl_key`
 say what each stage's output depends on. A stage's key includes the keys of the stages it consumes, so changing
-the SFT config re-runs SFT, PPO and (when built on the SFT trunk) the RM; changing only ``ppo.*`` re-runs PPO.
+the SFT config re-runs SFT, RL and (when built on the SFT trunk) the RM; changing only the RL keys re-runs RL.
 """
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ from rlhf_train.pipeline.cache import (
     stage_dir,
     stage_key,
 )
-from rlhf_train.tasks.movie_reviews.prompts import check_prompt_options
+from rlhf_train.pipeline.sft import task_hook
 
 log = logging.getLogger(__name__)
 
@@ -55,8 +55,9 @@ PIPELINE_STAGES = ("pipeline", "sft", "rm")
 # --------------------------------------------------------------------------------------------
 # Keys of the stages and what they depend on
 # --------------------------------------------------------------------------------------------
-def _is_movie_reviews(cfg: DictConfig) -> bool:
-    return str(cfg.data.get("_target_", "")).endswith("movie_review_prompts")
+def algorithm_name(cfg: DictConfig) -> str:
+    """The RL stage's name for a reader (timings, table, plot, report): the algorithm's, e.g. ``GRPO``."""
+    return cfg.algorithm.name.upper() if cfg.get("algorithm") is not None else "PPO"
 
 
 def sft_key(cfg: DictConfig) -> str:
@@ -69,14 +70,14 @@ def rm_key(cfg: DictConfig, sft: str | None) -> str:
                             "split_seed": cfg.data.seed})
 
 
-def ppo_key(cfg: DictConfig, policy: str, reward: str) -> str:
-    parts = {k: cfg[k] for k in ("tokenizer", "ref_model", "kl_controller", "transforms", "data", "rollout", "ppo",
-                                 "optimizer", "scheduler", "trainer")}
+def rl_key(cfg: DictConfig, policy: str, reward: str) -> str:
+    parts = {k: cfg.get(k) for k in ("tokenizer", "ref_model", "kl_controller", "transforms", "data", "rollout",
+                                     "generation", "update", "optimizer", "scheduler", "trainer")}
     if cfg.get("algorithm") is not None and cfg.algorithm.name != "ppo":  # (PPO's keys as before the group existed)
         parts["algorithm"] = cfg.algorithm
     parts["policy"] = {k: v for k, v in _plain(cfg.policy).items() if k != "pretrained"}
     parts["reward_model"] = {k: v for k, v in _plain(cfg.reward_model).items() if k != "pretrained"}
-    return stage_key("ppo", {**parts, "policy_from": policy, "reward_from": reward})
+    return stage_key("rl", {**parts, "policy_from": policy, "reward_from": reward})
 
 
 # --------------------------------------------------------------------------------------------
@@ -88,13 +89,10 @@ def preflight(cfg: DictConfig, plan: dict) -> None:
     from rlhf_train.pipeline.sft import check_positive, load_text_dataset
 
     require_groups(cfg)
-    if cfg.get("sft") is not None and cfg.sft.source not in ("movie_reviews", "tldr"):
-        raise ConfigError(f"sft.source='{cfg.sft.source}' is not valid; choose one of movie_reviews, tldr")
-    if cfg.get("rm") is not None and cfg.rm.source not in ("movie_reviews", "comparisons"):
-        raise ConfigError(f"rm.source='{cfg.rm.source}' is not valid; choose one of movie_reviews, comparisons")
     if cfg.tokenizer.get("pretrained"):
         check_loadable(cfg.tokenizer.pretrained, "tokenizer.pretrained", "tokenizer")
     if plan["run_sft"]:
+        task_hook(cfg, "sft.examples")  # the task's function imports (or one line naming the key)
         check_positive("sft", cfg.sft, ("max_len", "batch_size", "max_steps", "lr", "eval_every", "eval_batch_size"))
         if cfg.sft.init:
             try:
@@ -102,14 +100,15 @@ def preflight(cfg: DictConfig, plan: dict) -> None:
             except ConfigError as err:
                 if cfg.stage != "pipeline":
                     raise
-                if cfg.policy.pretrained:  # PPO starts from the given policy: the SFT stage runs for the RM's trunk
+                if cfg.policy.pretrained:  # RL starts from the given policy: the SFT stage runs for the RM's trunk
                     raise ConfigError(f"{err} (the SFT stage runs only to give the reward model its trunk: or set "
                                       f"reward_model.pretrained=<a reward model dir> to skip the SFT and RM "
                                       f"stages)") from None
                 raise ConfigError(f"{err} (or set policy.pretrained=<an SFT model dir> to skip the SFT stage)") from None
-        if cfg.sft.source == "tldr":
+        if cfg.sft.get("dataset"):  # a dataset-reading sft.examples (TL;DR)
             load_text_dataset(cfg.sft.dataset, cfg.sft.train_split, "sft.dataset")
     if plan["run_rm"]:
+        task_hook(cfg, "rm.pairs")
         check_positive("rm", cfg.rm, ("max_len", "batch_size", "max_steps", "lr", "eval_every", "eval_batch_size"))
         if cfg.rm.backbone not in ("sft", "minilm"):
             check_loadable(cfg.rm.backbone, "rm.backbone", "reward-model backbone")
@@ -117,22 +116,26 @@ def preflight(cfg: DictConfig, plan: dict) -> None:
             from rlhf_train.models.reward_model import minilm_path
 
             minilm_path()
-        if cfg.rm.source == "comparisons":
+        if cfg.rm.get("dataset"):  # a dataset-reading rm.pairs (TL;DR)
             load_text_dataset(cfg.rm.dataset, cfg.rm.train_split, "rm.dataset")
-    if plan["run_ppo"]:
+    if plan["run_rl"]:  # the loop's checks, on the config with the models the stages will give it
         from rlhf_train.loop.checks import check_config
 
-        check_config(cfg)
+        check_config(rl_config(cfg, str(cfg.policy.pretrained or plan["sft_dir"]),
+                               str(cfg.reward_model.pretrained or plan["rm_dir"])))
         if cfg.policy.pretrained:
             check_loadable(cfg.policy.pretrained, "policy.pretrained", "policy")
         if cfg.reward_model.pretrained:
             check_loadable(cfg.reward_model.pretrained, "reward_model.pretrained", "reward model")
         if cfg.data.get("dataset"):
             load_text_dataset(cfg.data.dataset, cfg.data.split, "data.dataset")
-        if _is_movie_reviews(cfg):  # data.split / data.sentiment
-            check_prompt_options(cfg.data.split, cfg.data.get("sentiment", "all"))
+        check = task_hook(cfg, "evaluation.task_check") if cfg.get("evaluation") is not None else None
+        if check is not None:  # the task's data options (movie reviews: data.split / data.sentiment)
+            check(cfg)
     if cfg.stage == "pipeline" and cfg.evaluation.enabled:
         check_positive("evaluation", cfg.evaluation, ("num_prompts", "batch_size"))
+        if cfg.evaluation.judge:
+            task_hook(cfg, "evaluation.judge_fn")
         if cfg.data.get("dataset"):
             load_text_dataset(cfg.data.dataset, cfg.evaluation.split, "evaluation.split")
 
@@ -155,7 +158,7 @@ def require_groups(cfg: DictConfig) -> None:
                               f"{group}=NAME{_group_options(group)} or a recipe (+recipe=NAME)")
 
     stage = cfg.stage
-    # `???` (reward_model=pretrained with no dir) reads as unset here; the PPO stage names that key itself
+    # `???` (reward_model=pretrained with no dir) reads as unset here; the RL stage names that key itself
     trains_rm = stage == "rm" or (stage == "pipeline" and not OmegaConf.select(cfg, "reward_model.pretrained"))
     if trains_rm:
         need("rm", f"stage={stage} trains a reward model" + (" (reward_model.pretrained is not set)" if stage == "pipeline" else ""))
@@ -164,7 +167,7 @@ def require_groups(cfg: DictConfig) -> None:
     elif trains_rm and cfg.rm.backbone == "sft":
         need("sft", "rm.backbone=sft trains the reward model on the SFT stage's trunk")
     elif stage == "pipeline" and not OmegaConf.select(cfg, "policy.pretrained"):
-        need("sft", "stage=pipeline starts PPO from the SFT stage (policy.pretrained is not set)")
+        need("sft", "stage=pipeline starts the RL stage from the SFT stage (policy.pretrained is not set)")
     if stage == "pipeline":
         need("evaluation", "stage=pipeline ends with the before/after evaluation")
 
@@ -184,11 +187,11 @@ def make_plan(cfg: DictConfig) -> dict:
     if cfg.stage == "pipeline":
         policy_from = str(cfg.policy.pretrained) if cfg.policy.pretrained else f"sft-{sk}"
         reward_from = str(cfg.reward_model.pretrained) if cfg.reward_model.pretrained else f"rm-{rk}"
-        plan["ppo_key"] = ppo_key(cfg, policy_from, reward_from)
-        plan["ppo_dir"] = stage_dir(cfg, "ppo", plan["ppo_key"])
-        plan["run_ppo"] = not is_complete(plan["ppo_dir"])
+        plan["rl_key"] = rl_key(cfg, policy_from, reward_from)
+        plan["rl_dir"] = stage_dir(cfg, "rl", plan["rl_key"])
+        plan["run_rl"] = not is_complete(plan["rl_dir"])
     else:
-        plan["run_ppo"] = False
+        plan["run_rl"] = False
     return plan
 
 
@@ -226,27 +229,27 @@ def run_rm_stage(cfg, tokenizer, plan, timer) -> dict:
     return info
 
 
-def ppo_config(cfg: DictConfig, policy_dir: str, rm_dir: str) -> DictConfig:
+def rl_config(cfg: DictConfig, policy_dir: str, rm_dir: str) -> DictConfig:
     """The pipeline's config for :func:`rlhf_train.loop.trainer.train`: policy and reward model from the stages."""
-    ppo_cfg = cfg.copy()
-    with open_dict(ppo_cfg):
-        ppo_cfg.stage = "ppo"
-        ppo_cfg.policy.pretrained = policy_dir
-        ppo_cfg.reward_model.pretrained = rm_dir
-    return ppo_cfg
+    rl_cfg = cfg.copy()
+    with open_dict(rl_cfg):
+        rl_cfg.stage = "rl"
+        rl_cfg.policy.pretrained = policy_dir
+        rl_cfg.reward_model.pretrained = rm_dir
+    return rl_cfg
 
 
-def run_ppo_stage(cfg, run_dir: Path, plan, policy_dir: str, rm_dir: str, timer) -> dict:
+def run_rl_stage(cfg, run_dir: Path, plan, policy_dir: str, rm_dir: str, timer) -> dict:
     from rlhf_train.loop.trainer import train
 
-    with timer("ppo") as row:
+    with timer(algorithm_name(cfg)) as row:  # the timings row reads e.g. "GRPO"
         def build(tmp: Path) -> dict:
-            out = train(ppo_config(cfg, policy_dir, rm_dir), run_dir)
+            out = train(rl_config(cfg, policy_dir, rm_dir), run_dir)
             # the run's export (train writes it): a plain HF model dir; with LoRA merged, adapter in policy/adapter/
             shutil.copytree(run_dir / "policy", tmp / "policy")
             return {"metrics": out["metrics"], "history": out["history"]}
 
-        info, row["reused"] = cached_stage(plan["ppo_dir"], build)
+        info, row["reused"] = cached_stage(plan["rl_dir"], build)
     return info
 
 
@@ -263,27 +266,27 @@ def eval_prompts(cfg: DictConfig, tokenizer):
     return instantiate(data, tokenizer=tokenizer)
 
 
-def run_evaluation(cfg, run_dir: Path, tokenizer, judge, policy_dir: str, rm_dir: str, ppo_dir: str, ppo_info: dict,
+def run_evaluation(cfg, run_dir: Path, tokenizer, judge, policy_dir: str, rm_dir: str, rl_dir: str, rl_info: dict,
                    timer) -> dict:
-    """Before (``policy_dir``, also the KL reference) vs after (``ppo_dir/policy``) on held-out prompts."""
+    """Before (``policy_dir``, also the KL reference) vs after (``rl_dir/policy``) on held-out prompts."""
     from transformers import AutoModelForCausalLM
 
     from rlhf_train.models.reward_model import build_reward_model
     from rlhf_train.pipeline.evaluate import (
         evaluate_policy,
         format_table,
-        plot_ppo_history,
+        plot_rl_history,
         samples_table,
     )
 
     with timer("evaluate"):
         prompts = eval_prompts(cfg, tokenizer)
         ref = AutoModelForCausalLM.from_pretrained(policy_dir).eval().requires_grad_(False)
-        after_lm = AutoModelForCausalLM.from_pretrained(str(Path(ppo_dir) / "policy")).eval()
+        after_lm = AutoModelForCausalLM.from_pretrained(str(Path(rl_dir) / "policy")).eval()
         rm = build_reward_model(tokenizer=tokenizer, pretrained=rm_dir)
         before = evaluate_policy(ref, ref, rm, tokenizer, prompts, cfg, judge)
         after = evaluate_policy(after_lm, ref, rm, tokenizer, prompts, cfg, judge)
-    kl_target, algorithm = cfg.kl_controller.get("target"), cfg.algorithm.name.upper() if cfg.get("algorithm") else "PPO"
+    kl_target, algorithm = cfg.kl_controller.get("target"), algorithm_name(cfg)
     summary = {
         "reward_before": before["reward"], "reward_after": after["reward"],
         "reward_std_before": before["reward_std"], "reward_std_after": after["reward_std"],
@@ -294,7 +297,7 @@ def run_evaluation(cfg, run_dir: Path, tokenizer, judge, policy_dir: str, rm_dir
         "fluency_max_drop": cfg.evaluation.fluency_max_drop,
         "fluency_within_bound": before["fluency_logprob"] - after["fluency_logprob"] <= cfg.evaluation.fluency_max_drop,
         "max_new_tokens": cfg.rollout.max_new_tokens, "temperature": cfg.rollout.temperature,
-        "ppo_iterations": len(ppo_info.get("history", [])),
+        "algorithm": algorithm, "rl_iterations": len(rl_info.get("history", [])),
     }
     if judge is not None:
         summary.update(judge_positive_rate_before=before["judge_positive_rate"],
@@ -303,9 +306,9 @@ def run_evaluation(cfg, run_dir: Path, tokenizer, judge, policy_dir: str, rm_dir
                        judge_positive_rate_full_after=after["judge_positive_rate_full"],
                        judge_reads="continuation")
     summary["samples"] = samples_table(before, after, cfg.evaluation.num_samples_shown)
-    if cfg.evaluation.plot and ppo_info.get("history"):
-        summary["plot"] = str(plot_ppo_history(ppo_info["history"], run_dir / "ppo_curves.png", kl_target, algorithm,
-                                               "the initial model" if cfg.policy.pretrained else "the SFT model"))
+    if cfg.evaluation.plot and rl_info.get("history"):
+        summary["plot"] = str(plot_rl_history(rl_info["history"], run_dir / "rl_curves.png", kl_target, algorithm,
+                                              "the initial model" if cfg.policy.pretrained else "the SFT model"))
     summary["table"] = format_table(summary, "initial" if cfg.policy.pretrained else "SFT", algorithm)
     return summary
 
@@ -322,8 +325,8 @@ def _write_json(path: Path, obj: dict) -> None:
 def run(cfg: DictConfig, run_dir: str | Path) -> float | None:
     """Run ``cfg.stage`` (``pipeline``, ``sft`` or ``rm``) as described in the module docstring.
 
-    Returns the number a sweep optimises: the judge's positive rate after PPO (or the RM score after PPO
-    without a judge), the SFT validation loss for ``stage=sft``, the RM validation accuracy for ``stage=rm``.
+    Returns the number a sweep optimises: the judge's positive rate after the RL stage (or the RM score after
+    it without a judge), the SFT validation loss for ``stage=sft``, the RM validation accuracy for ``stage=rm``.
     """
     from hydra.utils import instantiate
 
@@ -352,14 +355,11 @@ def run(cfg: DictConfig, run_dir: str | Path) -> float | None:
     if cfg.stage == "rm":
         summary.update(_strip_history(rm_info), stage_dir=str(plan["rm_dir"]))
         return _finish(cfg, run_dir, summary, timer, t_start, summary["rm/val_accuracy"])
-    judge = None
-    if cfg.evaluation.enabled and cfg.evaluation.judge and _is_movie_reviews(cfg):
-        from rlhf_train.pipeline.sft import movie_review_splits
-        from rlhf_train.tasks.movie_reviews.judge import train_judge
-
+    judge, make_judge = None, task_hook(cfg, "evaluation.judge_fn") if cfg.evaluation.judge else None
+    if cfg.evaluation.enabled and make_judge is not None:  # the task's judge (None where it does not apply)
         with timer("judge"):
-            judge = train_judge(movie_review_splits(cfg.data.seed), cfg.cache_dir)
-    # 4. PPO
+            judge = make_judge(cfg)
+    # 4. RL (the algorithm's)
     if cfg.policy.pretrained:  # a local dir (a GGUF file or pkg:// path: its converted dir in the cache)
         from rlhf_train.models.loading import check_loadable
 
@@ -367,15 +367,15 @@ def run(cfg: DictConfig, run_dir: str | Path) -> float | None:
     else:
         policy_dir = str(plan["sft_dir"])
     rm_dir = str(cfg.reward_model.pretrained) if cfg.reward_model.pretrained else str(plan["rm_dir"])
-    ppo_info = run_ppo_stage(cfg, run_dir, plan, policy_dir, rm_dir, timer)
+    rl_info = run_rl_stage(cfg, run_dir, plan, policy_dir, rm_dir, timer)
     summary.update({"sft": _strip_history(sft_info) if sft_info else {"from": policy_dir},
                     "rm": _strip_history(rm_info) if rm_info else {"from": rm_dir},
-                    "ppo_final_metrics": ppo_info.get("metrics", {}),
-                    "stage_dirs": {"sft": policy_dir, "rm": rm_dir, "ppo": str(plan["ppo_dir"])}})
+                    "rl_final_metrics": rl_info.get("metrics", {}),
+                    "stage_dirs": {"sft": policy_dir, "rm": rm_dir, "rl": str(plan["rl_dir"])}})
     # 5. evaluation
     if not cfg.evaluation.enabled:
-        return _finish(cfg, run_dir, summary, timer, t_start, ppo_info["metrics"].get("objective/score"))
-    ev = run_evaluation(cfg, run_dir, tokenizer, judge, policy_dir, rm_dir, str(plan["ppo_dir"]), ppo_info, timer)
+        return _finish(cfg, run_dir, summary, timer, t_start, rl_info["metrics"].get("objective/score"))
+    ev = run_evaluation(cfg, run_dir, tokenizer, judge, policy_dir, rm_dir, str(plan["rl_dir"]), rl_info, timer)
     table = ev.pop("table")
     summary = {**ev, **summary}
     print("\n" + table, flush=True)

@@ -149,7 +149,7 @@ def swept_keys(task_overrides: list[str]) -> list[str]:
 
 
 def _find(job_dir: Path, name: str) -> Path | None:
-    """``job_dir/name``, else the shallowest ``job_dir/**/name`` (a pipeline may nest its PPO run)."""
+    """``job_dir/name``, else the shallowest ``job_dir/**/name`` (a pipeline may nest its RL run)."""
     if (job_dir / name).is_file():
         return job_dir / name
     found = sorted(job_dir.rglob(name), key=lambda p: len(p.parts))
@@ -157,7 +157,7 @@ def _find(job_dir: Path, name: str) -> Path | None:
 
 
 def _judge_score(summary: dict) -> dict[str, float]:
-    """The independent judge's score of the PPO policy from the pipeline's ``summary.json``: the
+    """The independent judge's score of the trained (RL stage) policy from the pipeline's ``summary.json``: the
     fraction of held-out continuations it calls positive (``judge_positive_rate_after``)."""
     value = summary.get("judge_positive_rate_after") if isinstance(summary, dict) else None
     return {"judge_positive_rate": float(value)} if isinstance(value, (int, float)) else {}
@@ -237,7 +237,7 @@ def write_report(sweep_dir: Path, rows: list[dict], swept: list[str]) -> list[Pa
     md_cols = [c for c in columns if c != "run_dir"]
     lines = [f"# Sweep report: `{sweep_dir}`", "",
              f"{len(rows)} jobs, {sum(r['status'] != 'completed' for r in rows)} failed. Final values are "
-             "those of each job's last PPO iteration; `objective/kl` is the mean per-sequence KL (nats).", "",
+             "those of each job's last RL iteration; `objective/kl` is the mean per-sequence KL (nats).", "",
              "| " + " | ".join(md_cols + ["run dir"]) + " |", "|" + "---|" * (len(md_cols) + 1)]
     for r in rows:
         cells = [_fmt(r.get(c, "")).replace("|", "\\|").replace("\n", " ")[:200] for c in md_cols]
@@ -295,9 +295,9 @@ def report_figure(rows: list[dict], swept: list[str], title: str = ""):
     ax_pts.set(xlabel="final objective/kl: KL(π‖π_ref) per sequence (nats)",
                ylabel="final objective/reward_raw: shaped score per sequence",
                title="final reward vs KL, one point per job")
-    ax_rew.set(xlabel="PPO iteration", ylabel="objective/reward_raw: shaped score per sequence",
+    ax_rew.set(xlabel="RL iteration", ylabel="objective/reward_raw: shaped score per sequence",
                title="shaped score over iterations")
-    ax_kl.set(xlabel="PPO iteration", ylabel="objective/kl: KL(π‖π_ref) per sequence (nats)",
+    ax_kl.set(xlabel="RL iteration", ylabel="objective/kl: KL(π‖π_ref) per sequence (nats)",
               title="KL over iterations")
     for ax in (ax_pts, ax_rew, ax_kl):
         ax.grid(alpha=0.3)

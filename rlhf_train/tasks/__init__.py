@@ -1,11 +1,12 @@
 """Layer 7, tasks: everything specific to one task (data, tokenizer, judge), one folder per task.
 
-``movie_reviews`` is the embedded default's offline sentiment task. Generic code never imports a task
-by name outside ``rlhf_train.pipeline`` and the YAML configs that point at its factories.
+``movie_reviews`` is the embedded default's offline sentiment task. Generic code (``rlhf_train.pipeline``
+included) never imports a task by name: only the YAML configs name its factories and hooks.
 
 May import: every layer up to ``rlhf_train.rollout``.
 
 Extension point: a new task goes in ``rlhf_train/tasks/<name>/``: its data loading and splits, its
-config-group factories (prompts for ``data``, a tokenizer for ``tokenizer``), and any task-only
-evaluation, with YAML options under ``conf/`` whose ``_target_`` names them.
+config-group factories (prompts for ``data``, a tokenizer for ``tokenizer``), its pipeline hooks (SFT
+data for ``sft.examples``, preference pairs for ``rm.pairs``, a judge for ``evaluation.judge_fn``, an
+option check for ``evaluation.task_check``), with YAML options under ``conf/`` whose keys name them.
 """

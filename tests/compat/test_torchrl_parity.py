@@ -45,12 +45,12 @@ from rlhf_train.core.sampling import process_logits
 from rlhf_train.models.policy import build_policy, build_reference
 from rlhf_train.models.reward_model import RewardModel
 from rlhf_train.rewards.kl_controllers import AdaptiveKLController, ConstantKLController
-from rlhf_train.rewards.transforms import (
+from rlhf_train.compat.torchrl_transforms import (
     KLDivergenceTransform,
     ReferenceModelLogProbTransform,
     RewardAdjustmentTransform,
 )
-from rlhf_train.rollout.rollout_from_model import RolloutFromModel
+from rlhf_train.compat.torchrl import RolloutFromModel
 
 GPT2_EOS, GPT2_VOCAB = 50256, 50257
 
@@ -195,7 +195,8 @@ def small_policy(seed=0):
 
 @pytest.mark.parametrize("temperature, top_k, top_p", [(0.7, 0, 1.0), (0.7, 5, 0.9)])
 def test_first_ppo_ratio_is_exactly_one(temperature, top_k, top_p):
-    from rlhf_train.algorithms.ppo import PPO, PPOConfig
+    from rlhf_train.algorithms.configs import AlgorithmConfig, UpdateConfig
+    from rlhf_train.algorithms.ppo import PPO
     from rlhf_train.algorithms.update import policy_forward
     from rlhf_train.core.containers import Rollout
     from rlhf_train.core.sampling import SamplingParams
@@ -215,7 +216,7 @@ def test_first_ppo_ratio_is_exactly_one(temperature, top_k, top_p):
 
     mb = td[torch.randperm(8, generator=torch.Generator().manual_seed(0))[:4]]  # the first minibatch
     out = policy_forward(policy, Rollout.from_torchrl(mb), SamplingParams(temperature, top_k, top_p), with_entropy=True)
-    loss, stats = PPO(PPOConfig(clip_eps=0.2, clip_eps_value=0.2, vf_coef=0.1, ent_coef=0.0)).loss(out, Rollout.from_torchrl(mb))
+    loss, stats = PPO(AlgorithmConfig(clip_eps_value=0.2, vf_coef=0.1), UpdateConfig(clip_eps=0.2, ent_coef=0.0)).loss(out, Rollout.from_torchrl(mb))
     assert abs(float(stats["val/ratio"]) - 1.0) < 1e-5
     assert float(stats["policy/approx_kl"]) < 1e-8 and float(stats["policy/clipfrac"]) == 0.0
     assert torch.isfinite(loss)

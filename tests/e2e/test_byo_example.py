@@ -44,12 +44,12 @@ def test_worked_example_runs_as_written_and_the_export_generates(tmp_path, monke
     out = train(compose(overrides), run_dir=tmp_path / "run")
     m = out["metrics"]
     assert len(out["history"]) == 2 and math.isfinite(m["reward/correct"]) and math.isfinite(m["reward/reward_model"])
-    assert out["components"].reward_model.reencodes  # its own tokenizer and chat template
+    assert out["run"].reward_model.reencodes  # its own tokenizer and chat template
     assert "my_reward" in sys.modules
 
     exported = tmp_path / "run" / "policy"
     model = AutoModelForCausalLM.from_pretrained(exported)
-    tok = out["components"].tokenizer
+    tok = out["run"].tokenizer
     assert model.generation_config.eos_token_id == tok.convert_tokens_to_ids(["<|im_end|>", "<|endoftext|>"])
     generate = pipeline("text-generation", model=str(exported))
     reply = generate([{"role": "user", "content": "What is 2 + 3?"}], max_new_tokens=4, do_sample=False)

@@ -34,8 +34,9 @@ def run(*overrides, tmp_path, timeout=300):
 
 
 @pytest.mark.parametrize("override, key", [
-    ("ppo.nonexistent=1", "ppo.nonexistent"),   # unknown key
-    ("ppo.clip_eps=abc", "ppo.clip_eps"),       # wrong type
+    ("update.nonexistent=1", "update.nonexistent"),   # unknown key
+    ("ppo.num_epochs=2", "update.num_epochs"),   # a moved key: named with its new place
+    ("update.clip_eps=abc", "update.clip_eps"),       # wrong type
 ])
 def test_bad_override_exits_nonzero_naming_the_key(override, key, tmp_path):
     proc = run(override, tmp_path=tmp_path)

@@ -4,7 +4,7 @@ SmolLM2-135M-Instruct takes minutes per run on a CPU, so a tiny random Llama (bu
 small byte-level BPE as its tokenizer) stands in for it through the same recipe: policy from a
 pretrained dir (no SFT stage), the policy's own tokenizer, LoRA, GRPO, the MiniLM reward model stage, the
 judge, and the evaluation's outputs: summary.json (>= 20 before/after samples, the fluency measures and
-their bound), ppo_curves.png and report.md (table, plot, 10 samples). Budget: ~20 s on 2 quiet cores.
+their bound), rl_curves.png and report.md (table, plot, 10 samples). Budget: ~20 s on 2 quiet cores.
 """
 from __future__ import annotations
 
@@ -59,7 +59,7 @@ def test_tiny_stand_in_runs_the_recipe_and_reports(tiny_llama, tmp_path):
     cfg = compose(RECIPE, f"policy.pretrained={tiny_llama}", "policy.lora.r=4", f"cache_dir={tmp_path / 'cache'}",
                   "logger=none", "trainer.progress_bar=false", "trainer.num_threads=1", "trainer.num_iterations=2",
                   "data.batch_size=4", "data.max_prompts=64", "rollout.max_new_tokens=6",
-                  "ppo.minibatch_size=8", "rm.max_train_pairs=64", "rm.max_eval_pairs=32", "rm.max_steps=5",
+                  "update.minibatch_size=8", "rm.max_train_pairs=64", "rm.max_eval_pairs=32", "rm.max_steps=5",
                   "rm.eval_every=5", "evaluation.num_prompts=24", "evaluation.batch_size=24")
     run_dir = tmp_path / "run"
     value = run(cfg, run_dir)
@@ -74,9 +74,10 @@ def test_tiny_stand_in_runs_the_recipe_and_reports(tiny_llama, tmp_path):
     assert len(summary["samples"]) == 20
     assert {"prompt", "before", "after", "reward_before", "reward_after", "judge_prob_before",
             "judge_prob_after"} <= set(summary["samples"][0])
-    assert (run_dir / "ppo_curves.png").stat().st_size > 0
+    assert (run_dir / "rl_curves.png").stat().st_size > 0
     report = (run_dir / "report.md").read_text()
-    assert "## Before / after" in report and "![reward and KL](ppo_curves.png)" in report
+    assert "## Before / after" in report and "![reward and KL](rl_curves.png)" in report
+    assert summary["algorithm"] == "GRPO" and "| GRPO |" in report and "2 GRPO iterations" in report
     assert "before (initial)" in report and "after (GRPO)" in report and "KL per sequence vs initial" in report
     assert "judge positive rate (continuation)" in report and "log-lik./token under initial model" in report
     assert report.count("**[") == 10 and report.count("- *before*") == 10 and report.count("- *after*") == 10

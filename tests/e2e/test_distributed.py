@@ -29,7 +29,7 @@ LAUNCH_2 = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "
             "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
 # small, deterministic runs: greedy decoding, one PPO epoch with the whole batch as the minibatch
 COMMON = ["+recipe=smoke", "logger=csv", "trainer.progress_bar=false", "rollout.do_sample=false",
-          "ppo.num_epochs=1", "scheduler=linear", "rollout.max_new_tokens=8"]
+          "update.num_epochs=1", "scheduler=linear", "rollout.max_new_tokens=8"]
 
 
 def run(cmd: list[str], cwd: Path, dump: Path, cache: Path) -> subprocess.CompletedProcess:
@@ -58,7 +58,7 @@ def cache(tmp_path_factory):
 def two_process_run(tmp_path_factory, cache):
     """2 processes × 4 prompts, 2 iterations, in a fresh dir, with Hydra's default (timestamped) run dir."""
     cwd = tmp_path_factory.mktemp("two")
-    run([*LAUNCH_2, WORKER, *COMMON, "data.batch_size=4", "ppo.minibatch_size=4"], cwd, cwd / "dump", cache)
+    run([*LAUNCH_2, WORKER, *COMMON, "data.batch_size=4", "update.minibatch_size=4"], cwd, cwd / "dump", cache)
     ranks = [torch.load(cwd / "dump" / f"rank{r}.pt", weights_only=False) for r in range(2)]
     return cwd, ranks
 
@@ -67,8 +67,8 @@ def two_process_run(tmp_path_factory, cache):
 def one_process_run(tmp_path_factory, cache, two_process_run):
     """1 process × 8 prompts (the same global batch), 1 iteration, 2 accumulation micro-batches of 4."""
     cwd = tmp_path_factory.mktemp("one")
-    run([sys.executable, WORKER, *COMMON, "data.batch_size=8", "ppo.minibatch_size=8",
-         "ppo.gradient_accumulation_steps=2", "trainer.num_iterations=1", f"hydra.run.dir={cwd / 'run'}"],
+    run([sys.executable, WORKER, *COMMON, "data.batch_size=8", "update.minibatch_size=8",
+         "update.gradient_accumulation_steps=2", "trainer.num_iterations=1", f"hydra.run.dir={cwd / 'run'}"],
         cwd, cwd / "dump", cache)
     return torch.load(cwd / "dump" / "rank0.pt", weights_only=False)
 
@@ -208,18 +208,17 @@ def test_bf16_keeps_log_probs_and_kl_fp32_with_models_placed_on_cpu(tmp_path, mo
             "trainer.mixed_precision=bf16", "ref_model.device=cpu", "reward_model.device=cpu",
             "rollout.max_new_tokens=8"])
     seen = []
-    rollout_from_data = RolloutFromModel.rollout_from_data
-    monkeypatch.setattr(RolloutFromModel, "rollout_from_data",
-                        lambda self, batch, *a, **k: seen.append(rollout_from_data(self, batch, *a, **k)) or seen[-1])
+    rollout_call = RolloutFromModel.__call__
+    monkeypatch.setattr(RolloutFromModel, "__call__",
+                        lambda self, batch, *a, **k: seen.append(rollout_call(self, batch, *a, **k)) or seen[-1])
     out = train(cfg, tmp_path)
-    td = seen[0]
-    for key in [("log_probs", "response"), ("ref_log_probs", "response"), ("next", "kl"), "values",
-                ("next", "reward"), "kl_per_sequence"]:
-        assert td.get(key).dtype == torch.float32, key
-    comps = out["components"]
-    assert next(comps.ref_model.parameters()).device.type == "cpu"
-    assert next(comps.reward_model.parameters()).device.type == "cpu"
-    assert next(comps.ref_model.parameters()).dtype == torch.float32  # autocast, not a bf16 copy
+    ro = seen[0]
+    for name in ("sample_log_prob", "ref_log_prob", "kl", "values", "reward", "kl_per_sequence"):
+        assert getattr(ro, name).dtype == torch.float32, name
+    ref_model = out["rollout"].reference.model
+    assert next(ref_model.parameters()).device.type == "cpu"
+    assert next(out["run"].reward_model.parameters()).device.type == "cpu"
+    assert next(ref_model.parameters()).dtype == torch.float32  # autocast, not a bf16 copy
     # the reference runs under the policy's autocast: π_ref = initial policy gives KL 0 and ratio 1
     assert out["history"][0]["objective/kl"] == 0.0
     assert out["history"][0]["val/first_ratio"] == 1.0

@@ -37,7 +37,7 @@ FLAGS = ["--multi_gpu", "--mixed_precision", "no", "--dynamo_backend", "no"]
 ONE_MACHINE = [*FLAGS, "--num_processes", "2", "--num_machines", "1"]
 ITERATIONS = 5
 CFG = ["+recipe=smoke", "logger=csv", "trainer.progress_bar=false", "trainer.num_threads=1", "data.batch_size=4",
-       "data.max_prompts=24", "ppo.minibatch_size=2", "ppo.num_epochs=1", "rollout.max_new_tokens=8",
+       "data.max_prompts=24", "update.minibatch_size=2", "update.num_epochs=1", "rollout.max_new_tokens=8",
        "trainer.checkpoint_every=1", f"trainer.num_iterations={ITERATIONS}"]
 TIMEOUT_S = 400
 

@@ -62,7 +62,7 @@ def test_tldr_ppo_runs_one_iteration_with_local_stand_ins(stand_ins, tmp_path):
 
     cfg = compose("+recipe=tldr_ppo", *local(stand_ins), f"policy.pretrained={stand_ins / 'policy'}",
                   f"reward_model.pretrained={stand_ins / 'rm'}", "trainer.num_iterations=1", "data.batch_size=4",
-                  "ppo.minibatch_size=2", "rollout.max_new_tokens=8", "data.max_prompt_length=48",
+                  "update.minibatch_size=2", "rollout.max_new_tokens=8", "data.max_prompt_length=48",
                   "evaluation.num_prompts=4", "evaluation.batch_size=4")
     # the recipe carries the TL;DR hyper-parameters
     assert (cfg.kl_controller.init_kl_coef, cfg.kl_controller.target, cfg.kl_controller.horizon) == (0.1, 6.0, 10000)
@@ -71,7 +71,7 @@ def test_tldr_ppo_runs_one_iteration_with_local_stand_ins(stand_ins, tmp_path):
     assert plan["sft_key"] is None and plan["rm_key"] is None  # explicit dirs: no SFT / RM stage
     run(cfg, tmp_path)
     summary = json.loads((tmp_path / "summary.json").read_text())
-    assert summary["ppo_iterations"] == 1 and summary["num_prompts"] == 4
+    assert summary["rl_iterations"] == 1 and summary["num_prompts"] == 4 and summary["algorithm"] == "PPO"
     assert "judge_positive_rate_after" not in summary  # no sentiment judge for summaries
     assert (tmp_path / "metrics.csv").exists() or (tmp_path / "final_metrics.json").exists()
 

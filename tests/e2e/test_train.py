@@ -90,7 +90,7 @@ def test_smoke_recipe_two_iterations(tmp_path):
     assert float(rows[0]["objective/kl_coef"]) == pytest.approx(cfg.kl_controller.init_kl_coef, rel=1e-6)
     assert float(rows[1]["objective/kl_coef"]) == float(rows[0]["objective/kl_coef_next"])
     # one copy of the coefficient: the loop's controller; the rollout holds none and reads no queue
-    assert float(rows[-1]["objective/kl_coef_next"]) == pytest.approx(out["components"].kl_controller.coef, rel=1e-6)
+    assert float(rows[-1]["objective/kl_coef_next"]) == pytest.approx(out["run"].kl_controller.coef, rel=1e-6)
     assert out["rollout"].kl_scheduler is None and len(out["rollout"]._kl_queue) == 0
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir() if p.name.startswith("iter_"))[-1] == "iter_000002"
 
@@ -107,7 +107,7 @@ def test_training_raises_the_reward(tmp_path):
         "data.max_prompts=256",
         "policy.config.n_layer=1", "policy.config.n_embd=32",
         f"rollout.max_new_tokens={RESPONSE_TOKENS}",
-        "ppo.num_epochs=2", "ppo.minibatch_size=8", "optimizer.lr=3e-3",
+        "update.num_epochs=2", "update.minibatch_size=8", "optimizer.lr=3e-3",
         "kl_controller.init_kl_coef=0.01",
         "trainer.num_iterations=16", "trainer.checkpoint_every=1000", "trainer.samples_every=1000",
         "trainer.seed=0",

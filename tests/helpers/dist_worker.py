@@ -26,11 +26,11 @@ def install_probes(dump_dir: Path) -> None:
 
     record: dict = {"prompts": [], "local_metrics": [], "reduced_metrics": [], "first_grad": None}
 
-    rollout_from_data = RolloutFromModel.rollout_from_data
+    rollout_call = RolloutFromModel.__call__
 
     def probed_rollout(self, batch, *args, **kwargs):
         record["prompts"].append(batch["index"].detach().cpu().clone())
-        return rollout_from_data(self, batch, *args, **kwargs)
+        return rollout_call(self, batch, *args, **kwargs)
 
     reduce_metrics = trainer.reduce_metrics
 
@@ -58,7 +58,7 @@ def install_probes(dump_dir: Path) -> None:
         torch.save(record, dump_dir / f"rank{rank}.pt")
         return out
 
-    RolloutFromModel.rollout_from_data = probed_rollout
+    RolloutFromModel.__call__ = probed_rollout
     trainer.reduce_metrics = probed_reduce  # the name train() calls
     AcceleratedOptimizer.step = probed_step
     trainer.train = probed_train  # rlhf_train.pipeline.stages imports it at call time

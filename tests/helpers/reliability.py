@@ -14,7 +14,7 @@ CONF = REPO / "conf"
 # the smoke recipe, smaller still: 4 prompts per batch, 2 per minibatch, 8-token responses, 3 batches
 # per epoch (so 4 iterations cross an epoch boundary)
 FAST = ["+recipe=smoke", "logger=csv", "trainer.progress_bar=false", "data.batch_size=4", "data.max_prompts=12",
-        "ppo.minibatch_size=2", "ppo.num_epochs=2", "rollout.max_new_tokens=8"]
+        "update.minibatch_size=2", "update.num_epochs=2", "rollout.max_new_tokens=8"]
 
 
 def make_cfg(*overrides: str):

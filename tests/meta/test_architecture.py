@@ -239,3 +239,24 @@ def test_circle_finder_sees_direct_lazy_and_relative_circles(tmp_path):
     assert _import_circles(pkg) == [["pkg.a", "pkg.b"], ["pkg.sub.e", "pkg.sub.f"]]
     (pkg / "b.py").write_text("def helper():\n    return 1\n")
     assert _import_circles(pkg) == [["pkg.sub.e", "pkg.sub.f"]]
+
+
+def test_pipeline_reaches_tasks_only_through_config():
+    """No module under ``rlhf_train/pipeline`` imports ``rlhf_train.tasks`` (at any depth, ``from rlhf_train
+    import tasks`` and relative imports included) or hands a ``rlhf_train.tasks...`` path to a call
+    (``importlib.import_module``, ``get_method``): a task's code is reached only through the dotted paths
+    its YAML names (``sft.examples``, ``rm.pairs``, ``evaluation.judge_fn``, ``evaluation.task_check``)."""
+
+    def names_tasks(name: str) -> bool:
+        return name == "rlhf_train.tasks" or name.startswith("rlhf_train.tasks.")
+
+    bad = []
+    for path in (p for p in _sources() if _module_name(p).startswith("rlhf_train.pipeline")):
+        bad += [f"{_rel(path)}:{line} imports {mod}" for line, mod in _imports(path) if names_tasks(mod)]
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+            if isinstance(node, ast.Call):
+                bad += [f"{_rel(path)}:{node.lineno} calls with '{arg.value}'"
+                        for arg in [*node.args, *(k.value for k in node.keywords)]
+                        if isinstance(arg, ast.Constant) and isinstance(arg.value, str) and names_tasks(arg.value)]
+    assert not bad, ("the pipeline names a task's module; name its function in the task's YAML instead "
+                     "(rlhf_train/tasks/<task>/hooks.py):\n" + "\n".join(bad))

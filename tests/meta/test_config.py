@@ -2,11 +2,11 @@
 
 1. ``conf/config.yaml`` alone (generic: no recipe) and with each ``conf/recipe/*.yaml`` (whatever recipes
    exist) composes against the schemas (``rlhf_train.config.schema``), passes
-   ``rlhf_train.loop.components.validate_config``, and its PPO components (tokenizer, policy, reference,
-   reward model, KL controller, prompts, optimizer, transform stack) are built when it runs PPO (``stage``
-   ``ppo`` or ``pipeline``). Pieces that need the Hugging Face Hub (TL;DR: ``gpt2``, the TL;DR dataset)
+   ``rlhf_train.loop.checks.check_config``, and its run (tokenizer, policy, reference,
+   reward model, KL controller, prompts, optimizer, shaping stack: ``build_run``) is built when it runs RL (``stage``
+   ``rl`` or ``pipeline``). Pieces that need the Hugging Face Hub (TL;DR: ``gpt2``, the TL;DR dataset)
    are swapped for tiny local stand-ins first; the rest is used as written.
-2. ``conf/config.yaml`` with each option of each group composes and passes ``validate_config``; the
+2. ``conf/config.yaml`` with each option of each group composes and passes ``check_config``; the
    option is instantiated where that needs no network (hub names must fail at once, naming the key).
    Groups that are null in the root (``sft``, ``rm``, ``evaluation``) are covered too.
 3. The root is generic: it names no movie-review / sentiment option, and ``python -m rlhf_train`` with
@@ -75,7 +75,7 @@ def standins(cfg) -> list[str]:
     if OmegaConf.is_missing(rm, "pretrained") or is_hub_name(rm.get("pretrained")) or not (rm.get("pretrained") or rm.get("config")):
         out += ["reward_model=tiny_gpt2", "reward_model.pretrained=null"]  # likewise
     if cfg.data.get("dataset") and is_hub_name(cfg.data.dataset):
-        out += ["data=synthetic", f"data.batch_size={cfg.data.batch_size}"]  # same batch: ppo.minibatch_size fits
+        out += ["data=synthetic", f"data.batch_size={cfg.data.batch_size}"]  # same batch: update.minibatch_size fits
     return out
 
 
@@ -88,7 +88,7 @@ def tokenizer():
 
 def test_groups_and_recipes_found():
     assert {"tokenizer", "policy", "ref_model", "reward_model", "kl_controller", "transforms", "data", "rollout",
-            "ppo", "optimizer", "scheduler", "trainer", "logger", "sft", "rm", "evaluation"} <= set(GROUPS)
+            "update", "generation", "optimizer", "scheduler", "trainer", "logger", "sft", "rm", "evaluation"} <= set(GROUPS)
     # every group dir under conf/ is in the root's defaults list, so its options are all tested below
     assert {p.name for p in CONF.iterdir() if p.is_dir()} - NOT_GROUPS == set(GROUPS)
     assert {"smoke", "default"} <= set(RECIPES)
@@ -97,31 +97,23 @@ def test_groups_and_recipes_found():
 # --------------------------------------------------------------------------- 1. recipes
 @pytest.mark.parametrize("recipe", [None, *RECIPES], ids=["root", *RECIPES])
 def test_recipe_composes_and_instantiates(recipe, tmp_path):
-    from hydra.utils import instantiate
-
-    from rlhf_train.loop.components import (
-        build_components,
-        make_lr_scheduler,
-        validate_config,
-    )
-    from rlhf_train.rewards.transforms import build_transform_stack
+    from rlhf_train.loop.build import build_run
+    from rlhf_train.loop.checks import check_config
+    from rlhf_train.rewards.shaping import build_shaping
 
     selected = [f"+recipe={recipe}"] if recipe else []
     cfg = compose(selected)
     OmegaConf.to_container(cfg, resolve=True)  # every interpolation resolves
-    validate_config(cfg)
+    check_config(cfg)
     if cfg.stage in ("sft", "rm"):
         return  # a single non-PPO stage: its own models are built by rlhf_train.pipeline.run (tested there)
     overrides = standins(cfg)
     if overrides:
         cfg = compose([*selected, *overrides])
-        validate_config(cfg)
-    comps = build_components(cfg)
-    assert len(comps.dataset) >= cfg.data.batch_size
-    optimizer = instantiate(OmegaConf.to_container(cfg.optimizer, resolve=True), params=comps.policy.parameters())
-    make_lr_scheduler(cfg, optimizer, 10)
-    stack = build_transform_stack(cfg.transforms, ref_log_prob_fn=lambda *a: None, eos_token_id=0)
-    assert len(stack.transforms) > 0
+        check_config(cfg)
+    run = build_run(cfg)  # every component, the optimizer, the LR schedule and the rollout
+    assert len(run.dataset) >= cfg.data.batch_size
+    assert len(build_shaping(cfg.transforms, eos_token_id=0)) > 0
 
 
 # --------------------------------------------------------------------------- 2. every option of every group
@@ -129,17 +121,15 @@ def test_recipe_composes_and_instantiates(recipe, tmp_path):
 def test_group_option_composes(group, option, tokenizer, tmp_path):
     from hydra.utils import instantiate
 
-    from rlhf_train.loop.components import (
-        build_components,
-        make_lr_scheduler,
-        validate_config,
-    )
-    from rlhf_train.rewards.transforms import build_transform_stack
+    from rlhf_train.loop.build import build_run, decide
+    from rlhf_train.loop.checks import check_config
+    from rlhf_train.loop.components import make_lr_scheduler
+    from rlhf_train.rewards.shaping import build_shaping
 
     # the group algorithms (grpo, rloo, reinforce_pp_baseline) need >= 2 completions per prompt
     cfg = compose([f"{group}={option}", *(["rollout.num_samples=2"] if group == "algorithm" else [])])
     node = cfg[group]
-    validate_config(cfg)
+    check_config(cfg)
 
     def expect_config_error_or(build, key):
         """A hub name must either be in the local cache or fail at once with the key to override."""
@@ -175,17 +165,22 @@ def test_group_option_composes(group, option, tokenizer, tmp_path):
             assert rewards.shape == (1, 3) and end.shape == (1,)
         else:  # the weights come from elsewhere (the rm stage, a path): without them, fail at start
             with pytest.raises(ConfigError, match="reward_model.pretrained"):
-                build_components(compose([f"{group}={option}", "+recipe=smoke", f"{group}={option}"]))
+                build_run(compose([f"{group}={option}", "+recipe=smoke", f"{group}={option}"]))
     elif group == "kl_controller":
         controller = instantiate(node)
         assert controller.update([1.0, 2.0]) > 0
     elif group == "transforms":
-        assert len(build_transform_stack(node).transforms) > 0
+        assert len(build_shaping(node, eos_token_id=0)) > 0
     elif group == "algorithm":
-        from rlhf_train.loop.components import build_algorithm
-
-        algorithm = build_algorithm(cfg)[0]
+        algorithm = decide(cfg).algorithm
         assert algorithm.needs_critic == (node.name == "ppo")
+    elif group == "generation":
+        from hydra.utils import get_class
+
+        from rlhf_train.generation.base import GenerationBackend
+
+        backend = get_class(node._target_)
+        assert callable(getattr(backend, "generate", None)), GenerationBackend
     elif group == "data":
         if "dataset" in list(node.keys()) and OmegaConf.is_missing(node, "dataset"):  # data=prompts: a tiny JSONL of yours
             path = tmp_path / "prompts.jsonl"  # (twice the batch: a dataset without splits holds some out)
@@ -212,7 +207,7 @@ def test_group_option_composes(group, option, tokenizer, tmp_path):
         logger = build_logger(node, tmp_path, {})
         logger.log({"objective/score": 1.0}, 1)
         logger.finish()
-    # rollout, ppo, trainer, sft, rm, evaluation: plain values, checked by the schema and validate_config above
+    # rollout, update, trainer, sft, rm, evaluation: plain values, checked by the schema and check_config above
 
 
 # --------------------------------------------------------------------------- 3. a generic root; the default recipe
@@ -224,7 +219,7 @@ def test_root_config_names_no_movie_review_or_sentiment_option():
         assert not any(w in str(option).lower() for w in task_words), f"conf/config.yaml selects {group}: {option}"
     # no group keys set in the root: every value comes from the selected options
     assert set(root) <= {"defaults", "stage", "cache_dir", "task_name", "rewards", "hydra"}, sorted(root)
-    assert root["stage"] == "ppo" and not any(w in root["task_name"] for w in task_words)
+    assert root["stage"] == "rl" and not any(w in root["task_name"] for w in task_words)
     assert {group: option for entry in ROOT_DEFAULTS for group, option in entry.items()
             if group in ("sft", "rm", "evaluation")} == {"sft": None, "rm": None, "evaluation": None}
     cfg = compose()
@@ -277,8 +272,8 @@ def test_stage_needing_a_null_group_names_it(stage, overrides, group, tmp_path):
 
 # --------------------------------------------------------------------------- 4. bad values
 @pytest.mark.parametrize("override, key", [
-    ("ppo.nonexistent=1", "ppo.nonexistent"),
-    ("ppo.clip_eps=abc", "ppo.clip_eps"),
+    ("update.nonexistent=1", "update.nonexistent"),
+    ("update.clip_eps=abc", "update.clip_eps"),
     ("rollout.top_k=1.5", "rollout.top_k"),
     ("transforms.kl.estimatr=k3", "transforms.kl.estimatr"),
     ("data.nonexistent=1", "data.nonexistent"),
@@ -311,13 +306,13 @@ def test_each_dataset_takes_only_its_own_keys(data, override, key):
     ("transforms.kl.estimator=k4", "transforms.kl.estimator"),
     ("rollout.max_new_tokens=0", "rollout.max_new_tokens"),
     ("rollout.temperature=0", "rollout.temperature"),
-    ("ppo.minibatch_size=3", "ppo.minibatch_size"),  # with gradient_accumulation_steps=2 below
+    ("update.minibatch_size=3", "update.minibatch_size"),  # with gradient_accumulation_steps=2 below
     ("~transforms.kl", "transforms.reward"),  # the reward entry reads the KL nobody writes any more
     ("~transforms.reward", "transforms.reward"),  # nothing writes the per-token reward
-    ("+transforms.extra={_target_:rlhf_train.rewards.transforms.NoSuchTransform}", "transforms.extra"),
+    ("+transforms.extra={_target_:rlhf_train.compat.torchrl_transforms.NoSuchTransform}", "transforms.extra"),
 ])
 def test_bad_value_fails_validation(override, key):
-    from rlhf_train.loop.components import validate_config
+    from rlhf_train.loop.checks import check_config
 
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
-        validate_config(compose(["+recipe=smoke", "ppo.gradient_accumulation_steps=2", override]))
+        check_config(compose(["+recipe=smoke", "update.gradient_accumulation_steps=2", override]))

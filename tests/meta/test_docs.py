@@ -85,9 +85,9 @@ def test_glossary_names_exactly_the_logged_metrics(tmp_path):
     logged = set()
     # PPO, and GRPO with the KL in the loss (its group, clip-range and KL-loss metrics): together every metric
     for run, algorithm in (("ppo", []), ("grpo", ["algorithm=grpo", "rollout.num_samples=2", "data.batch_size=2"])):
-        cfg = make_cfg("trainer.num_iterations=1", "data.max_prompts=4", "ppo.num_epochs=1",
+        cfg = make_cfg("trainer.num_iterations=1", "data.max_prompts=4", "update.num_epochs=1",
                        "trainer.checkpoint_every=100", *algorithm)
-        assert cfg.ppo.max_grad_norm is not None  # policy/grad_norm is logged only with gradient clipping
+        assert cfg.update.max_grad_norm is not None  # policy/grad_norm is logged only with gradient clipping
         train(cfg, tmp_path / run)
         for name in ("metrics.csv", "timings.csv"):
             with open(tmp_path / run / name, newline="") as f:
@@ -212,7 +212,7 @@ def test_documented_command_composes(path, args):
             cfg = compose("config", overrides=overrides)
     finally:
         GlobalHydra.instance().clear()
-    assert cfg.stage in ("ppo", "sft", "rm", "pipeline")
+    assert cfg.stage in ("rl", "sft", "rm", "pipeline")
 
 
 def test_every_recipe_card_has_a_command():

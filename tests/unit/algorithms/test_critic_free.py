@@ -41,13 +41,13 @@ def test_grpo_without_kl_raises_the_reward_and_builds_no_reference_or_value_head
         "reward_model._target_=tests.e2e.test_train.TokenCountRewardModel",
         "data=synthetic", "data.batch_size=4", "rollout.num_samples=4", "data.min_prompt_tokens=2",
         "data.max_prompt_tokens=4", "data.max_prompts=256", "policy.config.n_layer=1", "policy.config.n_embd=32",
-        f"rollout.max_new_tokens={RESPONSE_TOKENS}", "ppo.num_epochs=2", "ppo.minibatch_size=8",
+        f"rollout.max_new_tokens={RESPONSE_TOKENS}", "update.num_epochs=2", "update.minibatch_size=8",
         "optimizer.lr=3e-3", "trainer.num_iterations=16", "trainer.checkpoint_every=1000",
         "trainer.samples_every=1000", "trainer.seed=0",
     ])
     out = train(cfg, tmp_path)
-    comps, policy = out["components"], out["policy"]
-    assert comps.ref_model is None and out["rollout"].ref_log_prob_fn is None
+    policy = out["policy"]
+    assert out["rollout"].reference is None
     assert policy.value_head is None and not any("value_head" in n for n, _ in policy.named_parameters())
     history = out["history"]
     score = torch.tensor([h["objective/score"] for h in history])
@@ -66,7 +66,7 @@ def test_rloo_smoke_kl_in_the_reward(tmp_path):
     cfg = make_cfg("algorithm=rloo", "rollout.num_samples=2", "trainer.num_iterations=2", "trainer.checkpoint_every=1")
     out = train(cfg, tmp_path)
     rows = list(csv.DictReader(open(tmp_path / "metrics.csv")))
-    assert len(rows) == 2 and out["components"].ref_model is not None and out["policy"].value_head is None
+    assert len(rows) == 2 and out["rollout"].reference.kind == "copy" and out["policy"].value_head is None
     assert float(rows[0]["objective/kl_coef"]) == pytest.approx(cfg.kl_controller.init_kl_coef)
     assert float(rows[1]["objective/kl_coef"]) == float(rows[0]["objective/kl_coef_next"])  # the controller steps
     assert "objective/kl" in rows[0] and "loss/value" not in rows[0] and float(rows[0]["reward/group_std"]) >= 0
@@ -98,25 +98,27 @@ def test_grpo_nan_reward_skips_only_its_group(tmp_path, monkeypatch):
     (["algorithm=grpo", "rollout.num_samples=2", "algorithm.loss_agg=sum"], "algorithm.loss_agg='sum'"),
     (["algorithm=grpo", "rollout.num_samples=2", "algorithm.scale_rewards=median"], "scale_rewards"),
     (["algorithm=grpo", "rollout.num_samples=2", "algorithm.clip_high=-0.1"], "algorithm.clip_high"),
-    (["algorithm=rloo", "rollout.num_samples=2", "ppo.minibatch_size=16"], "rollout.num_samples=2"),
+    (["algorithm=rloo", "rollout.num_samples=2", "update.minibatch_size=16"], "rollout.num_samples=2"),
 ])
 def test_bad_algorithm_settings_fail_before_any_work(overrides, match):
     from rlhf_train.infra.errors import ConfigError
-    from rlhf_train.loop.components import build_components, validate_config
+    from rlhf_train.loop.build import build_run
+    from rlhf_train.loop.checks import check_config
 
     cfg = make_cfg(*overrides)
     with pytest.raises(ConfigError, match=match):
-        validate_config(cfg)
-        build_components(cfg)
+        check_config(cfg)
+        build_run(cfg)
 
 
 def test_every_algorithm_option_composes_and_builds():
-    from rlhf_train.loop.components import build_algorithm, validate_config
+    from rlhf_train.loop.build import decide
+    from rlhf_train.loop.checks import check_config
 
     for name in ("ppo", "grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline"):
         cfg = make_cfg(f"algorithm={name}", "rollout.num_samples=2")
-        validate_config(cfg)
-        algorithm = build_algorithm(cfg)[0]
+        check_config(cfg)
+        algorithm = decide(cfg).algorithm
         assert algorithm.needs_critic == (name == "ppo")
         assert algorithm.kl_in_reward == (name != "grpo")
 
@@ -156,13 +158,13 @@ def test_two_processes_keep_groups_and_give_the_gradient_of_one(tmp_path, tmp_pa
 
     cache = tmp_path_factory.mktemp("cache")
     common = ["+recipe=smoke", "logger=csv", "trainer.progress_bar=false", "rollout.do_sample=false",
-              "ppo.num_epochs=1", "rollout.max_new_tokens=8", "algorithm=reinforce_pp", "rollout.num_samples=2",
+              "update.num_epochs=1", "rollout.max_new_tokens=8", "algorithm=reinforce_pp", "rollout.num_samples=2",
               "algorithm.loss_agg=seq_mean_token_mean", "trainer.num_iterations=1"]
     two, one = tmp_path / "two", tmp_path / "one"
     two.mkdir(), one.mkdir()
-    run([*LAUNCH_2, WORKER, *common, "data.batch_size=4", "ppo.minibatch_size=8"], two, two / "dump", cache)
-    run([sys.executable, WORKER, *common, "data.batch_size=8", "ppo.minibatch_size=16",
-         "ppo.gradient_accumulation_steps=2", f"hydra.run.dir={one / 'run'}"], one, one / "dump", cache)
+    run([*LAUNCH_2, WORKER, *common, "data.batch_size=4", "update.minibatch_size=8"], two, two / "dump", cache)
+    run([sys.executable, WORKER, *common, "data.batch_size=8", "update.minibatch_size=16",
+         "update.gradient_accumulation_steps=2", f"hydra.run.dir={one / 'run'}"], one, one / "dump", cache)
     ranks = [torch.load(two / "dump" / f"rank{r}.pt", weights_only=False) for r in range(2)]
     single = torch.load(one / "dump" / "rank0.pt", weights_only=False)
     assert [r["num_processes"] for r in ranks] == [2, 2]

@@ -32,8 +32,8 @@ from rlhf_train.core.masked import (
 from rlhf_train.models.policy import build_policy
 from rlhf_train.models.reward_model import RewardModel
 from rlhf_train.models.scoring import sequence_logprobs
-from rlhf_train.rewards.transforms import build_transform_stack
-from rlhf_train.rollout.rollout_from_model import RolloutFromModel
+from rlhf_train.compat.torchrl_transforms import build_transform_stack
+from rlhf_train.compat.torchrl import RolloutFromModel
 
 CONF = str(Path(__file__).resolve().parents[3] / "conf")
 V, EOS, PAD, H = 64, 0, 1, 32
@@ -129,7 +129,8 @@ def test_missing_eos_gets_exactly_the_penalty(default_transforms):
     # row 0: clip(2 − 0.5) = 1.5; row 1: the penalty itself, not clip(−1 − (−2)) = +1
     assert td["next", "score"].tolist() == [1.5, -1.0]
     assert td["next", "reward_raw"][1].tolist() == [0.0, 0.0, -1.0]  # paid at the done step
-    assert [type(t).__name__ for t in stack.transforms][:3] == ["ReferenceBaseline", "MissingEOSPenalty", "ScoreClip"]
+    assert [type(getattr(t, "entry", t)).__name__ for t in stack.transforms][:3] == [
+        "ReferenceBaseline", "MissingEOSPenalty", "ScoreClip"]
 
 
 # --------------------------------------------------------------------------- 3. −inf outside the mask

@@ -217,11 +217,11 @@ def test_grpo_and_rloo_estimators_broadcast_over_response_tokens():
 
 def test_policy_gradient_loss_with_kl_in_the_loss():
     from rlhf_train.algorithms.base import PolicyOutput
-    from rlhf_train.algorithms.configs import AlgorithmConfig, PPOConfig
-    from rlhf_train.algorithms.critic_free import PolicyGradient
+    from rlhf_train.algorithms.configs import AlgorithmConfig, UpdateConfig
+    from rlhf_train.algorithms import critic_free
 
     cfg = AlgorithmConfig(name="grpo", loss_agg="seq_mean_token_mean", kl_in_reward=False, beta=0.5)
-    algo = PolicyGradient(cfg, PPOConfig(), group_size=2, max_new_tokens=2)
+    algo = critic_free.grpo(cfg, UpdateConfig(), group_size=2, max_new_tokens=2)
     assert not algo.needs_critic and algo.needs_reference and algo.kl_in_loss
     mask = torch.tensor([[True, True], [True, False]])
     mb = _rollout(torch.zeros(2), torch.zeros(2, 2), mask, mask, 2)

@@ -1,4 +1,4 @@
-"""rlhf_train's own KV-cached sampling loop (``generation/decode.py``) and its sampler (issue 19).
+"""rlhf_train's own KV-cached sampling loop (``generation/decode_loop.py``) and its sampler.
 
 1. Greedy tokens equal ``transformers``' ``generate`` for GPT-2, GPT-NeoX, Llama, Qwen2 and Gemma on
    left-padded prompts (same positions, mask and cache conventions), and the hidden states the value
@@ -7,7 +7,8 @@
    the first PPO ratio is 1), with temperature and with top-k.
 3. ``sample_vocab_major`` draws from ``softmax(logits / τ)`` (chi-square over a vocabulary of several
    blocks and a tail), never draws a token of zero probability, and returns its draws' log-probs.
-4. ``rollout.hf_generate=true`` (and a ``generation_config``) go through ``generate``; the loop is the default.
+4. ``generation=hf_generate`` (and a ``generation_config``) go through ``generate``; ``generation=decode_loop``,
+   the default, samples without it; the config group builds each.
 5. ``num_samples``: one prefill per prompt, its KV cache repeated: the same greedy tokens and hidden states
    as prefilling every row, and sampled log-probs equal to one scoring pass.
 
@@ -19,7 +20,8 @@ import pytest
 import torch
 
 from rlhf_train.core.sampling import SamplingParams, sample_vocab_major
-from rlhf_train.generation.decode import can_drive, sample_with_cache
+from rlhf_train.generation.decode_loop import can_drive, sample_with_cache
+from rlhf_train.generation.decode_loop import DecodeLoopBackend
 from rlhf_train.generation.hf_generate import HFGenerateBackend, last_hidden_per_step
 from rlhf_train.models.scoring import lm_trunk_and_head, sequence_logprobs
 from tests.helpers.byo import ARCHS, chat_tokenizer, tiny_config
@@ -102,11 +104,20 @@ def test_the_loop_is_the_default_and_hf_generate_stays_available():
         return original(*args, **kwargs)
 
     lm.generate = counting_generate
-    for decode_loop, expected_calls in ((True, 0), (False, 1)):
-        backend = HFGenerateBackend(lm, eos_token_id=0, pad_token_id=1, max_new_tokens=5, decode_loop=decode_loop)
+    for backend_cls, expected_calls in ((DecodeLoopBackend, 0), (HFGenerateBackend, 1)):
+        backend = backend_cls(lm, eos_token_id=0, pad_token_id=1, max_new_tokens=5)
         gen = backend.generate(prompt, mask, num_samples=2)
         assert gen.response.shape == gen.log_probs.shape == (6, 5)
         assert len(calls) == expected_calls
+
+
+def test_the_generation_group_selects_the_backend():
+    from tests.helpers.reliability import make_cfg
+
+    from rlhf_train.loop.build import build_run
+
+    assert isinstance(build_run(make_cfg()).rollout.backend, DecodeLoopBackend)  # the default
+    assert isinstance(build_run(make_cfg("generation=hf_generate")).rollout.backend, HFGenerateBackend)
 
 
 @pytest.mark.parametrize("arch", sorted(ARCHS))

@@ -40,7 +40,8 @@ def test_fresh_run_refuses_a_dir_with_checkpoints_and_resume_checks_the_config(t
         train(make_cfg("trainer.num_iterations=3", "trainer.seed=1", "trainer.resume=auto"), run)
     assert files_of(run) == before
     # the same config resumes (more iterations is not "another config"), and keeps the run id
-    from rlhf_train.infra.checkpoint import list_checkpoints, read_trainer_state
+    from rlhf_train.infra.checkpoint_files import list_checkpoints
+    from rlhf_train.infra.resume import read_trainer_state
 
     run_id = read_trainer_state(list_checkpoints(run)[-1])["run_id"]
     out = train(make_cfg("trainer.num_iterations=3", "trainer.resume=auto"), run)
@@ -93,8 +94,8 @@ def test_bad_input_aimed_at_an_existing_run_dir_keeps_its_hydra_dir(tmp_path):
     run = tmp_path / "run"
     (run / ".hydra").mkdir(parents=True)
     (run / ".hydra" / "config.yaml").write_text("an earlier run's config\n")
-    out = cli(*FAST, "ppo.clip_eps=-0.2", f"hydra.run.dir={run}", timeout=180)
-    assert out.returncode == 2 and out.stderr.strip().startswith("Error: ppo.clip_eps"), out.stderr[-2000:]
+    out = cli(*FAST, "update.clip_eps=-0.2", f"hydra.run.dir={run}", timeout=180)
+    assert out.returncode == 2 and out.stderr.strip().startswith("Error: update.clip_eps"), out.stderr[-2000:]
     assert sorted(p.name for p in (run / ".hydra").iterdir()) == ["config.yaml"]
     assert (run / ".hydra" / "config.yaml").read_text() == "an earlier run's config\n"
 

@@ -57,7 +57,7 @@ def test_unknown_key_via_cli_fails_fast(tmp_path):
     ("kl_controller.target=0", "kl_controller.target"),
     ("kl_controller.horizon=-10", "kl_controller.horizon"),
     ("data.batch_size=0", "data.batch_size"),
-    ("ppo.minibatch_size=-2", "ppo.minibatch_size"),
+    ("update.minibatch_size=-2", "update.minibatch_size"),
     ("rollout.logprob_batch_size=0", "rollout.logprob_batch_size"),
     ("trainer.keep_checkpoints=-1", "trainer.keep_checkpoints"),
     ("trainer.max_consecutive_faults=0", "trainer.max_consecutive_faults"),
@@ -65,12 +65,12 @@ def test_unknown_key_via_cli_fails_fast(tmp_path):
 def test_non_positive_values(override, key):
     from omegaconf import OmegaConf
 
-    from rlhf_train.loop.components import validate_config
+    from rlhf_train.loop.checks import check_config
 
     cfg = copy.deepcopy(_adaptive_cfg())
     OmegaConf.update(cfg, key, int(override.split("=")[1]))  # as the override would (types still checked)
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
-        validate_config(cfg)
+        check_config(cfg)
 
 
 @functools.lru_cache(maxsize=1)
@@ -150,7 +150,7 @@ def test_corrupt_checkpoint_path(tmp_path):
 
 def test_corrupt_optimizer_state_fails_to_load_with_one_line(tmp_path):
     from accelerate import Accelerator
-    from rlhf_train.infra.checkpoint import load_checkpoint, resolve_resume
+    from rlhf_train.infra.resume import load_checkpoint, resolve_resume
 
     path, policy, optimizer, scheduler = _checkpoint(tmp_path)
     opt = path / "optimizer.pt"
@@ -166,7 +166,7 @@ def test_corrupt_optimizer_state_fails_to_load_with_one_line(tmp_path):
 
 
 def test_all_checkpoints_damaged_with_resume_auto(tmp_path):
-    from rlhf_train.infra.checkpoint import resolve_resume
+    from rlhf_train.infra.resume import resolve_resume
 
     path, *_ = _checkpoint(tmp_path)
     (path / "value_head.safetensors").write_bytes(b"")
@@ -263,18 +263,18 @@ def test_only_a_run_dir_this_start_created_and_left_empty_is_removed(tmp_path):
     ("rollout.top_p=1.5", r"rollout\.top_p=1.5 must be in \(0, 1\]"),
     ("rollout.top_p=0", r"rollout\.top_p=0.0 must be in \(0, 1\]"),
     ("rollout.top_k=-1", r"rollout\.top_k=-1 must be >= 0"),
-    ("ppo.clip_eps=-0.2", r"ppo\.clip_eps=-0.2 must be positive"),
-    ("ppo.gamma=-1", r"ppo\.gamma=-1.0 must be in \[0, 1\]"),
+    ("update.clip_eps=-0.2", r"update\.clip_eps=-0.2 must be positive"),
+    ("algorithm.gamma=-1", r"algorithm\.gamma=-1.0 must be in \[0, 1\]"),
     ("+trainer.foo=1", r"trainer\.foo is not a key of trainer .*remove the override"),
-    ("data.batch_size=6", r"data\.batch_size=6 = 6 rollouts per process is not a multiple of ppo\.minibatch_size=4"),
+    ("data.batch_size=6", r"data\.batch_size=6 = 6 rollouts per process is not a multiple of update\.minibatch_size=4"),
     ("policy.config.n_head=3", r"policy\.config\.n_head=3 does not divide the width 64"),
 ])
 def test_values_that_slipped_through(override, match):
-    from rlhf_train.loop.components import validate_config
+    from rlhf_train.loop.checks import check_config
 
-    cfg = make_cfg("kl_controller=adaptive", "ppo.minibatch_size=4", override)
+    cfg = make_cfg("kl_controller=adaptive", "update.minibatch_size=4", override)
     with pytest.raises(ConfigError, match=match) as exc:
-        validate_config(cfg)
+        check_config(cfg)
     assert "\n" not in str(exc.value)
 
 

@@ -38,21 +38,23 @@ def _rollouts():
 
 @functools.lru_cache(maxsize=1)
 def _cfg():
-    return make_cfg("ppo.num_epochs=2", "ppo.minibatch_size=2", "ppo.gradient_accumulation_steps=1")
+    return make_cfg("update.num_epochs=2", "update.minibatch_size=2", "update.gradient_accumulation_steps=1")
 
 
 def _update(td):
     """One ``minibatch_update`` (2 epochs x 2 minibatches of 2 rows): (fault_state, weights before, after, stats, error)."""
     from accelerate import Accelerator
     from rlhf_train.algorithms.update import minibatch_update
-    from rlhf_train.loop.components import build_algorithm
+    from rlhf_train.infra.faults import Faults
+    from rlhf_train.loop.build import decide
 
-    algorithm, update_cfg, sampling = build_algorithm(_cfg())
+    d = decide(_cfg())
+    algorithm, update_cfg, sampling = d.algorithm, d.update, d.sampling
     policy = tiny_policy(V)
     optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-2)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
     before = [p.detach().clone() for p in policy.parameters()]
-    faults = {"skipped": 0, "consecutive": 0}
+    faults = Faults(max_consecutive=3)
     err = None
     try:
         stats = minibatch_update(policy, optimizer, scheduler, Accelerator(cpu=True), td, algorithm, sampling,
@@ -68,7 +70,7 @@ def test_non_finite_input_skips_only_its_minibatch(key, bad):
     td = _rollouts()
     getattr(td, key)[0, 2] = bad  # row 0 is in one minibatch per epoch
     faults, before, after, stats, err = _update(td)
-    assert err is None and faults["skipped"] == 2
+    assert err is None and faults.skipped == 2
     assert all(torch.isfinite(p).all() for p in after)
     assert any(not torch.equal(a, b) for a, b in zip(before, after))  # the other minibatches did update
     assert math.isfinite(stats["loss/policy"])  # the skipped minibatches' stats are left out of the means
@@ -95,7 +97,7 @@ def test_max_consecutive_faults_stops_without_touching_the_weights():
     faults, before, after, _, err = _update(td)
     assert isinstance(err, FloatingPointError)
     assert "3 updates in a row were skipped" in str(err) and "trainer.max_consecutive_faults=3" in str(err)
-    assert faults["skipped"] == 3
+    assert faults.skipped == 3
     assert all(torch.equal(a, b) for a, b in zip(before, after))
 
 
@@ -130,9 +132,9 @@ def _nan_scores_from(monkeypatch, iteration: int, rows=slice(0, 1)):
     from rlhf_train.rollout.rollout_from_model import RolloutFromModel
 
     real, calls = RewardModelSource.__call__, []  # calls: rollouts so far (the pre-flight probe is not one)
-    rollout_from_data = RolloutFromModel.rollout_from_data
-    monkeypatch.setattr(RolloutFromModel, "rollout_from_data",
-                        lambda self, *a, **k: calls.append(1) or rollout_from_data(self, *a, **k))
+    rollout_call = RolloutFromModel.__call__
+    monkeypatch.setattr(RolloutFromModel, "__call__",
+                        lambda self, *a, **k: calls.append(1) or rollout_call(self, *a, **k))
 
     def score(self, sequences):
         out = real(self, sequences)
@@ -159,7 +161,7 @@ def test_nan_reward_in_a_run_is_skipped_and_logged(tmp_path, monkeypatch):
 def test_consecutive_faults_stop_the_run_with_a_checkpoint_of_the_last_good_state(tmp_path, monkeypatch):
     from safetensors.torch import load_file
 
-    from rlhf_train.infra.checkpoint import read_trainer_state, verify_checkpoint
+    from rlhf_train.infra.resume import read_trainer_state, verify_checkpoint
     from rlhf_train.loop.trainer import train
 
     _nan_scores_from(monkeypatch, iteration=2, rows=slice(None))  # every reward NaN from iteration 2
@@ -174,4 +176,4 @@ def test_consecutive_faults_stop_the_run_with_a_checkpoint_of_the_last_good_stat
     w1, w2 = load_file(first / "policy" / "model.safetensors"), load_file(last / "policy" / "model.safetensors")
     assert w1.keys() == w2.keys() and all(torch.equal(w1[k], w2[k]) for k in w1)
     faults = read_trainer_state(last)["faults"]
-    assert faults["skipped"] == 3 and faults["consecutive"] == 0  # a resumed run gets a fresh budget
+    assert faults.skipped == 3 and faults.consecutive == 0  # a resumed run gets a fresh budget

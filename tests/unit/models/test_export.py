@@ -41,7 +41,7 @@ def test_plain_export_loads_and_generates_without_rlhf_train(tmp_path):
     from rlhf_train.loop.trainer import train
 
     out = train(make_cfg("logger=none", "trainer.num_iterations=1"), tmp_path)
-    policy, tokenizer = out["policy"], out["components"].tokenizer
+    policy, tokenizer = out["policy"], out["run"].tokenizer
     export, ckpt = tmp_path / "policy", tmp_path / "checkpoints" / "iter_000001" / "policy"
     for d in (export, ckpt):
         assert {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json"} <= {

@@ -83,11 +83,11 @@ def test_policy_dtype_bfloat16(tmp_path):
 # --------------------------------------------------------------------------- item 7: what a new user hit
 def test_smoke_with_a_model_that_has_its_own_tokenizer_uses_that_tokenizer(tmp_path):
     """``+recipe=smoke policy.pretrained=<a model with its own tokenizer>`` died with an IndexError."""
-    from rlhf_train.loop.components import build_components
+    from rlhf_train.loop.build import build_run
 
     tok = chat_tokenizer()
     policy_dir = save_causal_lm("llama", tok, tmp_path / "m")
-    comps = build_components(compose(["+recipe=smoke", f"policy.pretrained={policy_dir}",
+    comps = build_run(compose(["+recipe=smoke", f"policy.pretrained={policy_dir}",
                                       f"cache_dir={tmp_path / 'cache'}", "data.max_prompts=16"]))
     assert comps.tokenizer.get_vocab() == tok.get_vocab()
     assert comps.policy.lm.get_input_embeddings().num_embeddings == len(tok)
@@ -95,7 +95,7 @@ def test_smoke_with_a_model_that_has_its_own_tokenizer_uses_that_tokenizer(tmp_p
 
 def test_vocabulary_mismatches_get_one_line(tmp_path):
     from rlhf_train.infra.errors import ConfigError
-    from rlhf_train.loop.components import build_components
+    from rlhf_train.loop.build import build_run
 
     tok, big = chat_tokenizer(), chat_tokenizer(extra_words=9)
     policy_dir = save_causal_lm("llama", tok, tmp_path / "m")
@@ -105,12 +105,12 @@ def test_vocabulary_mismatches_get_one_line(tmp_path):
             f"cache_dir={tmp_path / 'cache'}", "data.max_prompts=16"]
     with pytest.raises(ConfigError, match=r"vocabulary mismatch: tokenizer.pretrained=.* is not the tokenizer of "
                                           r"policy.pretrained="):
-        build_components(compose([*base, f"tokenizer.pretrained={big_dir}"]))
+        build_run(compose([*base, f"tokenizer.pretrained={big_dir}"]))
     # a reward model with a larger vocabulary and no tokenizer of its own scored ids of another vocabulary
     rm_dir = save_seq_classifier(big, tmp_path / "rm", with_tokenizer=False)
     with pytest.raises(ConfigError, match=r"vocabulary mismatch: the reward model \(reward_model.pretrained\) has "
                                           rf"{len(big)} token embeddings, the policy {len(tok)}"):
-        build_components(compose([*base, "reward_model=pretrained", f"reward_model.pretrained={rm_dir}"]))
+        build_run(compose([*base, "reward_model=pretrained", f"reward_model.pretrained={rm_dir}"]))
 
 
 def test_stage_cache_keys_local_inputs_by_contents(tmp_path):
@@ -153,9 +153,9 @@ def test_smollm2_from_gguf_trains_two_ppo_iterations(chat_data, tmp_path):
     cache = os.environ.get("RLHF_TRAIN_CACHE")  # the converted dir is reused across runs when set
     overrides = [o for o in byo_overrides("x", chat_data, tmp_path) if not o.startswith(("policy", "cache_dir"))]
     cfg = compose([*overrides, "policy=smollm2_135m_instruct", "reward_model=none", "rollout.max_new_tokens=8",
-                   "data.batch_size=2", "ppo.minibatch_size=2", *([f"cache_dir={cache}"] if cache else [])])
+                   "data.batch_size=2", "update.minibatch_size=2", *([f"cache_dir={cache}"] if cache else [])])
     out = train(cfg, run_dir=tmp_path / "run")
-    tok = out["components"].tokenizer
+    tok = out["run"].tokenizer
     assert len(out["history"]) == 2 and tok.eos_token == "<|im_end|>" and tok.chat_template
     assert out["rollout"].eos_token_ids == tuple(tok.convert_tokens_to_ids(["<|im_end|>", "<|endoftext|>"]))
     assert math.isfinite(out["metrics"]["loss/policy"])

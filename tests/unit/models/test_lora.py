@@ -30,14 +30,14 @@ def _train_capturing_initial(cfg, run_dir, monkeypatch):
     from rlhf_train.loop import trainer
 
     initial: dict[str, torch.Tensor] = {}
-    real_build = trainer.build_components
+    real_build = trainer.build_run
 
     def build(*args, **kwargs):
-        comps = real_build(*args, **kwargs)
-        initial.update({k: v.detach().clone() for k, v in comps.policy.state_dict().items()})
-        return comps
+        run = real_build(*args, **kwargs)
+        initial.update({k: v.detach().clone() for k, v in run.policy.state_dict().items()})
+        return run
 
-    monkeypatch.setattr(trainer, "build_components", build)
+    monkeypatch.setattr(trainer, "build_run", build)
     return trainer.train(cfg, run_dir), initial
 
 
@@ -49,7 +49,7 @@ def _check_lora_run(out, initial):
     # the first iteration's KL is exactly 0: policy and reference are the same weights, scored by the same code
     assert out["history"][0]["objective/kl"] == 0.0
     # no reference copy in memory: the rollout's reference *is* the policy's LM (the same parameter tensors)
-    assert out["components"].ref_model is None and rollout.ref_model is policy.lm
+    assert rollout.reference.kind == "adapter_off" and rollout.reference.model is policy.lm
     # only the adapter and the value head changed (and both did); every base weight is bit for bit the same
     final = policy.state_dict()
     changed = {k for k, v in final.items() if not torch.equal(v, initial[k])}
@@ -124,8 +124,8 @@ def test_lora_with_a_critic_free_algorithm(tmp_path):
     from rlhf_train.loop.trainer import train
 
     out = train(make_cfg(*LORA, "algorithm=grpo", "rollout.num_samples=2", "trainer.num_iterations=1"), tmp_path)
-    assert out["history"][0]["objective/kl"] == 0.0 and out["rollout"].ref_model is out["policy"].lm
-    assert out["components"].ref_model is None and out["policy"].value_head is None
+    assert out["history"][0]["objective/kl"] == 0.0 and out["rollout"].reference.model is out["policy"].lm
+    assert out["rollout"].reference.kind == "adapter_off" and out["policy"].value_head is None
     assert (tmp_path / "policy" / "adapter" / "adapter_model.safetensors").is_file()
 
 
@@ -166,16 +166,16 @@ def test_lora_checkpoint_into_full_finetuning_is_one_line(tmp_path):
     ("policy.lora.alpha=0", r"policy\.lora\.alpha=0 must be positive"),
     ("policy.lora.dropout=1.5", r"policy\.lora\.dropout=1\.5 must be in \[0, 1\)"),
     ("policy.lora.target_modules=[nope]", r"policy\.lora\.target_modules=\['nope'\] does not fit this model"),
-    ("transforms.ref_logprob.use_ray_service=true", r"use_ray_service=true: with policy\.lora\.r>0"),
+    ("ref_model.ray_service.enabled=true", r"use_ray_service=true: with policy\.lora\.r>0"),
 ])
 def test_bad_lora_settings_are_one_line(override, message):
     from rlhf_train.infra.errors import ConfigError
-    from rlhf_train.loop.components import validate_config
+    from rlhf_train.loop.checks import check_config
     from rlhf_train.models.policy import build_policy
 
     cfg = make_cfg("policy.lora.r=4", override)
     with pytest.raises(ConfigError, match=message):
-        validate_config(cfg)  # before any work
+        check_config(cfg)  # before any work
         build_policy(config={"n_layer": 1, "n_embd": 16, "n_head": 2, "vocab_size": 32}, lora=cfg.policy.lora)
 
 

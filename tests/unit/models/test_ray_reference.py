@@ -1,4 +1,4 @@
-"""The reference model as a Ray service (``transforms.ref_logprob.use_ray_service=true``).
+"""The reference model as a Ray service (``ref_model.ray_service.enabled=true``).
 
 Runs a local Ray (1 CPU) in this process; skipped when Ray is not installed (``pip install -e ".[ray]"``;
 CI installs it). Budget: ~30-60 s on 2 cores (Ray start-up + two 2-iteration smoke runs).
@@ -45,15 +45,15 @@ def test_ray_reference_gives_same_rewards(tmp_path, local_ray):
     from rlhf_train.models.ray_reference import REFERENCE_DIR, default_actor_name
 
     local = train(compose(), tmp_path / "local")
-    served = train(compose("transforms.ref_logprob.use_ray_service=true",
-                           "transforms.ref_logprob.ray.namespace=rlhf_train_test"), tmp_path / "ray")
+    served = train(compose("ref_model.ray_service.enabled=true",
+                           "ref_model.ray_service.namespace=rlhf_train_test"), tmp_path / "ray")
 
     # the actor was built from a factory that loaded the saved initial policy, and is reachable by name
     source = tmp_path / "ray" / REFERENCE_DIR
     assert (source / "model.safetensors").is_file()
     actor = ray.get_actor(default_actor_name(str(source.resolve())), namespace="rlhf_train_test")
     assert ray.get(actor.ready.remote()) == "cpu"
-    assert served["rollout"].ref_log_prob_fn.actor_name == default_actor_name(str(source.resolve()))
+    assert served["rollout"].reference.fn.actor_name == default_actor_name(str(source.resolve()))
 
     assert len(local["history"]) == len(served["history"]) == 2
     for a, b in zip(local["history"], served["history"]):

@@ -1,6 +1,6 @@
 """The sweep report and the PPO curves stay readable (issue 18, item 4).
 
-Each test renders the real PNG (``plot_report`` / ``plot_ppo_history``) and reads the figure that was
+Each test renders the real PNG (``plot_report`` / ``plot_rl_history``) and reads the figure that was
 saved: tick labels are read with their bounding boxes from the figure's renderer.
 """
 from __future__ import annotations
@@ -10,7 +10,7 @@ import math
 import pytest
 from matplotlib.figure import Figure
 
-from rlhf_train.pipeline.evaluate import plot_ppo_history
+from rlhf_train.pipeline.evaluate import plot_rl_history
 from rlhf_train.pipeline.sweep import plot_report
 
 
@@ -94,10 +94,10 @@ def test_sweep_report_identical_curves_stay_visible(tmp_path, saved):
         assert all(ln.get_markerfacecolor() == "none" for ln in lines)  # hollow: the ones below show through
 
 
-def test_ppo_curves_label_what_is_plotted(tmp_path, saved):
+def test_rl_curves_label_what_is_plotted(tmp_path, saved):
     hist = [{"iteration": i, "objective/score": 0.1 * i, "objective/reward_raw": 0.1 * i - 0.5,
              "objective/reward_total": 0.05 * i - 0.5, "objective/kl": 0.5 * i} for i in range(1, 9)]
-    out = plot_ppo_history(hist, tmp_path / "ppo_curves.png", kl_target=3.0)
+    out = plot_rl_history(hist, tmp_path / "rl_curves.png", kl_target=3.0, algorithm="GRPO")
     assert out.stat().st_size > 10_000
     (fig,) = saved
     _check_readable(fig)
@@ -112,15 +112,16 @@ def test_ppo_curves_label_what_is_plotted(tmp_path, saved):
     kl_line = ax_kl.get_lines()[0]
     assert kl_line.get_label().startswith("objective/kl") and list(kl_line.get_ydata()) == [h["objective/kl"] for h in hist]
     assert "per sequence" in ax_reward.get_ylabel() and "nats" in ax_kl.get_ylabel()
+    assert ax_reward.get_xlabel() == ax_kl.get_xlabel() == "GRPO iteration"  # the RL stage named by its algorithm
     legend_texts = [t.get_text() for leg in fig.legends + [a.get_legend() for a in fig.axes if a.get_legend()]
                     for t in leg.get_texts()]
     assert total in legend_texts and any("KL target 3" in t for t in legend_texts)
 
 
-def test_ppo_curves_near_constant_values_are_readable(tmp_path, saved):
+def test_rl_curves_near_constant_values_are_readable(tmp_path, saved):
     hist = [{"iteration": i, "objective/score": 0.4, "objective/reward_raw": 0.4,
              "objective/reward_total": 0.4 - 1e-5 * i, "objective/kl": 1e-4 * i} for i in range(1, 5)]
-    plot_ppo_history(hist, tmp_path / "ppo_curves.png")
+    plot_rl_history(hist, tmp_path / "rl_curves.png")
     (fig,) = saved
     _check_readable(fig)
     assert not any(math.isnan(v) for ln in fig.axes[0].get_lines() for v in ln.get_ydata())

@@ -27,8 +27,8 @@ TINY = [
     "sft.batch_size=16", "sft.warmup_steps=5", "sft.max_len=32",
     "rm.max_train_pairs=240", "rm.max_eval_pairs=64", "rm.max_steps=30", "rm.eval_every=30", "rm.batch_size=16",
     "rm.max_len=32", "rm.lr=1e-3", "rm.warmup_steps=3",
-    "data.batch_size=16", "data.max_prompts=128", "rollout.max_new_tokens=8", "ppo.minibatch_size=8",
-    "ppo.num_epochs=2", "optimizer.lr=1e-3", "trainer.num_iterations=8",
+    "data.batch_size=16", "data.max_prompts=128", "rollout.max_new_tokens=8", "update.minibatch_size=8",
+    "update.num_epochs=2", "optimizer.lr=1e-3", "trainer.num_iterations=8",
     "evaluation.num_prompts=48", "evaluation.batch_size=48", "evaluation.num_samples_shown=2",
 ]
 
@@ -79,11 +79,11 @@ def test_pipeline_learns_and_reports(first_run):
     assert summary["kl_per_sequence"] > 0 and summary["kl_per_sequence_before"] == pytest.approx(0.0, abs=1e-5)
     assert 0 <= summary["judge_positive_rate_after"] <= 1 and value == summary["judge_positive_rate_after"]
     assert len(summary["samples"]) == 2 and {"prompt", "before", "after"} <= set(summary["samples"][0])
-    assert (run_dir / "ppo_curves.png").stat().st_size > 1000
+    assert (run_dir / "rl_curves.png").stat().st_size > 1000
     report = (run_dir / "report.md").read_text()  # the table names the SFT start and PPO; 2 samples here
     assert "before (SFT)" in report and "after (PPO)" in report and report.count("- *after*") == 2
     assert summary["fluency_within_bound"] in (True, False) and "repetition_rate_after" in summary
-    assert summary["ppo_iterations"] == 8
+    assert summary["rl_iterations"] == 8 and summary["algorithm"] == "PPO" and "8 PPO iterations" in report
     assert 0.0 <= summary["rm"]["rm/val_accuracy"] <= 1.0 and summary["sft"]["sft/val_loss"] > 0
     assert not any(row.get("reused") for row in summary["timings"].values())
 
@@ -95,11 +95,12 @@ def test_second_run_reuses_every_stage(first_run, cache, tmp_path):
     _, summary1, _ = first_run
     run(compose(*TINY, f"cache_dir={cache}"), tmp_path)
     summary2 = json.loads((tmp_path / "summary.json").read_text())
-    assert all(summary2["timings"][s]["reused"] for s in ("sft", "rm", "ppo"))
+    assert all(summary2["timings"][s]["reused"] for s in ("sft", "rm", "PPO"))  # the RL stage's row: its algorithm
     assert summary2["reward_after"] == pytest.approx(summary1["reward_after"], abs=1e-4)
-    # a PPO-only change re-runs PPO alone; the single-stage recipes reuse SFT / RM
-    plan = make_plan(compose(*TINY, f"cache_dir={cache}", "ppo.num_epochs=3"))
-    assert (plan["run_sft"], plan["run_rm"], plan["run_ppo"]) == (False, False, True)
+    # an RL-only change re-runs the RL stage alone; the single-stage recipes reuse SFT / RM
+    plan = make_plan(compose(*TINY, f"cache_dir={cache}", "update.num_epochs=3"))
+    assert (plan["run_sft"], plan["run_rm"], plan["run_rl"]) == (False, False, True)
+    assert Path(summary1["stage_dirs"]["rl"]).name.startswith("rl-") and plan["rl_dir"].name.startswith("rl-")
     plan = make_plan(compose(*TINY, f"cache_dir={cache}", "+recipe=sentiment_rm"))
     assert plan["rm_dir"] == Path(summary1["stage_dirs"]["rm"]) and not plan["run_rm"]
 
@@ -136,7 +137,10 @@ def test_stage_cache_builds_once_under_concurrency(tmp_path):
 
 
 @pytest.mark.parametrize("override, key", [
-    ("sft.source=imdb", "sft.source"),
+    ("sft.examples=no_such_module.sft_examples", "sft.examples"),
+    ("rm.pairs=rlhf_train.pipeline.reward_training.no_such_function", "rm.pairs"),
+    ("evaluation.judge_fn=no_such_module.judge", "evaluation.judge_fn"),
+    ("data.split=nowhere", "data.split"),  # the task's option check (evaluation.task_check)
     ("rm.backbone=/nonexistent/backbone", "rm.backbone"),
     ("sft.max_steps=0", "sft.max_steps"),
     ("evaluation.num_prompts=0", "evaluation.num_prompts"),

@@ -26,7 +26,7 @@ from rlhf_train.pipeline.sweep import (
 
 # smoke recipe, cut down to one short PPO iteration per job
 FAST = ["+recipe=smoke", "logger=csv", "trainer.num_iterations=1", "trainer.progress_bar=false",
-        "rollout.max_new_tokens=8", "ppo.num_epochs=1"]
+        "rollout.max_new_tokens=8", "update.num_epochs=1"]
 
 
 def _multirun(tmp_path: Path, *overrides: str) -> subprocess.CompletedProcess:

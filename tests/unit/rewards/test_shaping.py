@@ -20,7 +20,7 @@ from tensordict import TensorDict
 from torchrl.envs.transforms import Compose, Transform
 
 from rlhf_train.infra.errors import ConfigError
-from rlhf_train.rewards.transforms import (
+from rlhf_train.compat.torchrl_transforms import (
     KLDivergenceTransform,
     MissingEOSPenalty,
     ReferenceBaseline,
@@ -30,7 +30,7 @@ from rlhf_train.rewards.transforms import (
     ScoreClip,
     build_transform_stack,
 )
-from rlhf_train.rollout.torchrl_compat import KLConstrainedTransform, KLRewardTransform
+from rlhf_train.compat.torchrl import KLConstrainedTransform, KLRewardTransform
 
 CONF = str(Path(__file__).resolve().parents[3] / "conf")
 EOS = 0
@@ -202,9 +202,11 @@ def default_cfg():
 
 def test_default_yaml_stack_equals_seed_reward(default_cfg):
     stack = build_transform_stack(default_cfg.transforms, ref_log_prob_fn=ref_fn, eos_token_id=EOS)
-    names = [type(t).__name__ for t in stack.transforms]
+    # the YAML's product entries (rlhf_train.rewards.shaping), each wrapped as a torchrl transform; the torchrl
+    # stack runs the reference pass itself, before the KL entry (the product rollout does it before the stack)
+    names = [type(getattr(t, "entry", t)).__name__ for t in stack.transforms]
     assert names == ["ReferenceBaseline", "MissingEOSPenalty", "ScoreClip", "ReferenceModelLogProbTransform",
-                     "KLDivergenceTransform", "RewardAdjustmentTransform", "RewardWhitening"]
+                     "KLDivergence", "RewardAdjustment", "RewardWhitening"]
     td = stack(rollout_td())
     raw, kl, reward = seed_reward(rollout_td(), clip=5.0, coef=0.1)
     close(td["next", "reward_raw"], raw)   # [[0, 1.5, 0], [0, 0, −5]]
@@ -220,14 +222,14 @@ def test_yaml_stack_overrides_and_drops(default_cfg):
     cfg["eos_penalty"]["penalty"] = -1.0
     del cfg["whiten"]
     stack = build_transform_stack(cfg, ref_log_prob_fn=ref_fn, eos_token_id=EOS)
-    assert [type(t).__name__ for t in stack.transforms][-1] == "RewardAdjustmentTransform"
+    assert type(stack.transforms[-1].entry).__name__ == "RewardAdjustment"
     td = stack(rollout_td())
     close(td["next", "reward_raw"], [[0.0, 1.5, 0.0], [0.0, 0.0, -1.0]])  # row 1: no EOS → the penalty, −1
     assert (td["next", "kl"] >= 0).all()
     cfg["eos_penalty"] = None  # `None` drops an entry, as `~transforms.eos_penalty` does
-    assert len(build_transform_stack(cfg).transforms) == 5
+    assert len(build_transform_stack(cfg).transforms) == 4  # baseline, score_clip, kl, reward
     with pytest.raises(ConfigError, match=r"transforms\.reward"):
-        build_transform_stack({"reward": {"_target_": "rlhf_train.rewards.transforms.RewardAdjustmentTransform",
+        build_transform_stack({"reward": {"_target_": "rlhf_train.compat.torchrl_transforms.RewardAdjustmentTransform",
                                           "coeff": 0.1}})
 
 
@@ -270,7 +272,7 @@ def test_k1_k3_match_exact_kl_on_tiny_models():
     k1 and k3, so the paired difference (estimate − exact) has mean 0: checked within 4 standard errors."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    from rlhf_train.rollout.rollout_from_model import RolloutFromModel
+    from rlhf_train.compat.torchrl import RolloutFromModel
 
     V, P, T, N, eos = 50, 4, 8, 1000, 3
 

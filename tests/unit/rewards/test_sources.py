@@ -227,6 +227,9 @@ def test_reference_pass_overlapping_a_function_gives_the_same_rollout():
     rollout must be exactly the one computed in order (function, then the stack's reference pass)."""
     from rlhf_train.models.loading import build_causal_lm
     from rlhf_train.models.policy import build_policy
+    from rlhf_train.core.sampling import SamplingParams
+    from rlhf_train.models.reference import frozen_copy
+    from rlhf_train.rewards.shaping import KLDivergence, RewardAdjustment
     from rlhf_train.rewards.sources import FunctionRewardSource
     from rlhf_train.rollout.rollout_from_model import RolloutFromModel
 
@@ -239,13 +242,13 @@ def test_reference_pass_overlapping_a_function_gives_the_same_rollout():
     for threaded in (True, False):
         fn = FunctionRewardSource(lambda prompts, completions, **_: calls.append(1) or [1.0] * len(completions), tok)
         fn.overlap = threaded
-        rollout = RolloutFromModel(policy, ref, None, tokenizer=tok, max_new_tokens=4, reward_sources={"f": (fn, 1.0)})
-        if threaded:
-            assert rollout._ref_transform_key() == ("ref_log_probs", "response")
-        outs.append(rollout.create_rollout_td(None, generated, prompt_len=3))
+        rollout = RolloutFromModel(policy, None, frozen_copy(ref, SamplingParams()), {"f": (fn, 1.0)},
+                                   {"kl": KLDivergence(), "reward": RewardAdjustment()},
+                                   eos_token_ids=(tok.eos_token_id,), pad_token_id=tok.pad_token_id, max_new_tokens=4)
+        outs.append(rollout.score(None, generated, torch.ones(3, 3, dtype=torch.bool), kl_coef=0.1))
     assert len(calls) == 2
-    for key in [("ref_log_probs", "response"), ("next", "kl"), ("next", "reward"), ("next", "score")]:
-        torch.testing.assert_close(outs[0].get(key), outs[1].get(key), rtol=0, atol=0)
+    for name in ("ref_log_prob", "kl", "reward", "score"):
+        torch.testing.assert_close(getattr(outs[0], name), getattr(outs[1], name), rtol=0, atol=0)
 
 
 def test_a_function_returning_none_never_makes_a_row_a_fault():
