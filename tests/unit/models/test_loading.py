@@ -119,10 +119,10 @@ def test_stage_cache_keys_local_inputs_by_contents(tmp_path):
 
     tok = chat_tokenizer()
     path = save_causal_lm("gpt2", tok, tmp_path / "m", seed=0)
-    before = stage_key("ppo", {"policy_from": str(path), "data": {"dataset": "train"}})
-    assert stage_key("ppo", {"policy_from": str(path), "data": {"dataset": "train"}}) == before
+    before = stage_key("rl", {"policy_from": str(path), "data": {"dataset": "train"}})
+    assert stage_key("rl", {"policy_from": str(path), "data": {"dataset": "train"}}) == before
     os.utime(path / "model.safetensors", ns=(1, 1))  # same name, other contents (as after an overwrite)
-    assert stage_key("ppo", {"policy_from": str(path), "data": {"dataset": "train"}}) != before
+    assert stage_key("rl", {"policy_from": str(path), "data": {"dataset": "train"}}) != before
 
 
 def test_tldr_offline_error_names_the_key_actually_missing(tmp_path):
