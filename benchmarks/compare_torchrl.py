@@ -46,8 +46,7 @@ def main(argv=None):
                  threads=a.threads, seed=a.seed)
     load_before = os.getloadavg()[0]
 
-    ours = ppo_iteration.RLHFTrainBenchmark(**shape, gen_chunk=a.gen_chunk,
-                                            max_iterations=a.warmup + 2 * a.repeats)
+    ours = ppo_iteration.RLHFTrainBenchmark(**shape, max_iterations=a.warmup + 2 * a.repeats)
     for _ in range(a.warmup):
         ours.run()
     runs = [ours.run() for _ in range(a.repeats)]

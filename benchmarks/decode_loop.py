@@ -1,4 +1,4 @@
-"""rlhf_train's KV-cached decode loop against ``transformers``' ``generate`` (``rollout.hf_generate=true``),
+"""rlhf_train's KV-cached decode loop against ``transformers``' ``generate`` (``generation=hf_generate``),
 and the two samplers, in one process with the runs interleaved (so machine noise hits both alike).
 
 Builds the policy of ``benchmarks/ppo_iteration.py``'s shapes (a random GPT-2 from the trainer's config,
@@ -49,15 +49,15 @@ def main(argv=None):
         layers=a.layers, width=a.width, heads=a.heads, vocab=a.vocab, prompt_len=a.prompt_len,
         new_tokens=a.new_tokens, rollouts=a.rollouts, threads=a.threads, algorithm=a.algorithm,
         num_samples=a.num_samples, max_iterations=1)
-    prompts = collate([bench.state["dataset"][int(i)] for i in bench.order[:a.rollouts // a.num_samples]])
-    backend = bench.state["rollout"].backend
+    prompts = collate([bench.run_.dataset[int(i)] for i in bench.order[:a.rollouts // a.num_samples]])
+    loop = bench.run_.rollout.backend  # generation=decode_loop, the default; its fallback is generation=hf_generate
+    backends = {"decode_loop": loop, "hf_generate": loop.fallback}
     ids, mask = prompts["input_ids"], prompts["attention_mask"].bool()
     times: dict[str, list[float]] = {"decode_loop": [], "hf_generate": []}
     for _ in range(a.rounds + 1):  # the first round warms up both
         for name in times:
-            backend.decode_loop = name == "decode_loop"
             t = time.perf_counter()
-            backend.generate(ids, mask, a.num_samples)
+            backends[name].generate(ids, mask, a.num_samples)
             times[name].append(time.perf_counter() - t)
     loop_s, hf_s = (statistics.median(times[k][1:]) for k in ("decode_loop", "hf_generate"))
     logits = torch.randn(a.rollouts, a.vocab) * 3

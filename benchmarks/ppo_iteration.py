@@ -1,18 +1,18 @@
 """One PPO iteration of rlhf_train (rollout + update) on a randomly initialised GPT-2 built from config
 (``--algorithm grpo|rloo|reinforce_pp --num-samples K``: one iteration of that algorithm at the same shapes).
 
-Runs the trainer's own code, step for step as ``rlhf_train.loop.trainer.train`` does it (see its numbered
-loop): the Hydra config is composed from ``conf/`` (``data=synthetic``, shapes as overrides), the
-components are instantiated from it, and one iteration is
+Runs the trainer's own code: the Hydra config is composed from ``conf/`` (``data=synthetic``, shapes as
+overrides), ``rlhf_train.loop.build.build_run`` builds the run from it, and one iteration is the loop's
+own ``rlhf_train.loop.trainer.step``:
 
-  2. ``RolloutFromModel.rollout_from_data`` (KV-cached ``generate``, which also yields the policy's
-     log-probs and values → one pass each of reference and reward model → the transform stack),
-  3. the algorithm's estimator (``rlhf_train.algorithms.ppo.GAE``: GAE + ``global_masked_whiten``),
-  4. ``rlhf_train.algorithms.update.minibatch_update`` (``num_epochs`` × minibatches of ``--minibatch`` sequences),
-  5. the KL controller's update with the per-sequence KLs.
+  1. ``RolloutFromModel`` (the KV-cached decode loop, which also yields the policy's log-probs and values
+     → one pass each of reference and reward model → the shaping stack),
+  2. the algorithm's estimator (``rlhf_train.algorithms.ppo.GAE``: GAE + ``global_masked_whiten``),
+  3. ``rlhf_train.algorithms.update.minibatch_update`` (``num_epochs`` × minibatches of ``--minibatch`` sequences),
+  4. the KL controller's update with the per-sequence KLs.
 
-Prints one JSON line: ``rollout_s`` (steps 2-3), ``generate_s`` (time inside the generation backend),
-``update_s`` (steps 4-5), ``total_s``, ``gen_tokens`` (response tokens, EOS included),
+Prints one JSON line: ``rollout_s`` (step 1), ``generate_s`` (time inside the generation backend),
+``update_s`` (step 3), ``total_s`` (steps 1-5), ``gen_tokens`` (response tokens, EOS included),
 ``tokens_per_s`` (gen_tokens / total_s), ``peak_rss_mb``; also ``rollout_peak_rss_mb`` (the process's
 peak at the end of the first rollout, before any update), ``cpu_s`` (process CPU time of the
 iteration), the floor accounting (:mod:`flops`: ``rollout_gflop`` and ``update_gflop``, the matmul FLOPs
@@ -25,8 +25,7 @@ many iterations); ``--repeats N`` times N iterations and prints the median one.
 Shapes follow torchrl's ``examples/rlhf`` (see ``benchmarks/torchrl_example.py``): prompts of
 ``prompt_len/2 … prompt_len`` tokens, each with a reference continuation ("summary") of
 ``new_tokens/2 … new_tokens`` tokens that the reward model scores as the baseline, as torchrl does.
-``--gen-chunk`` sets how many prompts go into one ``generate`` call (default: all ``--rollouts`` at
-once; ``--gen-chunk 4`` does what the torchrl example does, 8 collection steps of 4 prompts).
+Every iteration generates all ``--rollouts`` at once, as the trainer does.
 
     python benchmarks/ppo_iteration.py --layers 2 --width 128 --vocab 50257 --batch 4 \\
         --new-tokens 50 --rollouts 32 --epochs 3 --minibatch 16
@@ -58,6 +57,8 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import flops  # noqa: E402  (benchmarks/ is not a package)
+
+from rlhf_train.compat.torchrl import to_torchrl  # noqa: E402
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 
@@ -104,13 +105,14 @@ def compose_config(*, layers, width, heads, vocab, prompt_len, new_tokens, rollo
                   f"+policy.config.max_position_embeddings={n_positions}", "+policy.config.tie_word_embeddings=true",
                   "reward_model=pretrained", f"reward_model.pretrained={llama['reward_model_dir']}"]
     overrides = [
-        "stage=ppo", "data=synthetic", "logger=none", *models,
+        "data=synthetic", "logger=none", *models,
         "kl_controller=adaptive",  # AdaptiveKLController(0.1, 6, 10000), as the torchrl example
         f"algorithm={algorithm}", f"rollout.num_samples={num_samples}", *extra,
         f"data.batch_size={rollouts // num_samples}", f"data.min_prompt_tokens={max(1, prompt_len // 2)}",
         f"data.max_prompt_tokens={prompt_len}", f"data.max_prompts={num_prompts or rollouts}", f"data.seed={seed}",
         f"rollout.max_new_tokens={new_tokens}",
-        f"ppo.num_epochs={epochs}", f"ppo.minibatch_size={minibatch}", "ppo.gamma=0.99", "ppo.lam=0.95",
+        f"update.num_epochs={epochs}", f"update.minibatch_size={minibatch}", "algorithm.gamma=0.99",
+        "algorithm.lam=0.95",
         f"trainer.num_threads={threads}", "trainer.cpu=true", f"trainer.seed={seed}",
     ]
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
@@ -152,93 +154,47 @@ class _GenerateTimer:
         del self.lm.generate
 
 
+class _RolloutProbe:
+    """Stands in for ``run.rollout``: the process's peak RSS when the rollout returns (before the update)."""
+
+    def __init__(self, rollout):
+        self.inner, self.rss_kb = rollout, 0
+
+    def __call__(self, *args, **kwargs):
+        out = self.inner(*args, **kwargs)
+        self.rss_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return out
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
 def build(cfg, tokenizer):
-    """Components from the config, as ``trainer.train`` builds them (minus logging/checkpoints)."""
-    from accelerate.utils import set_seed
-    from hydra.utils import instantiate
-    from omegaconf import OmegaConf
+    """The trainer's run (``build_run``, minus run dir, logging and checkpoints) and a fresh training state."""
+    from rlhf_train.loop.build import build_run
+    from rlhf_train.loop.state import TrainState
 
-    import rlhf_train.data.prompts  # noqa: F401  (as trainer.train does before instantiating cfg.data)
-    from accelerate import Accelerator
-    from rlhf_train.loop.components import (
-        build_algorithm,
-        check_fits,
-        make_lr_scheduler,
-        validate_config,
-    )
-    from rlhf_train.rewards.transforms import build_transform_stack
-    from rlhf_train.rollout.rollout_from_model import RolloutFromModel
-
-    validate_config(cfg)
-    accelerator = Accelerator(cpu=True, gradient_accumulation_steps=cfg.ppo.gradient_accumulation_steps)
-    set_seed(cfg.trainer.seed)
-    algorithm, update_cfg, sampling = build_algorithm(cfg)
-    policy = instantiate(cfg.policy, tokenizer=tokenizer, value_head=algorithm.needs_critic)
-    ref_model = instantiate(cfg.ref_model, policy=policy, tokenizer=tokenizer, device=None, _convert_="all") \
-        if algorithm.needs_reference else None  # (GRPO with beta 0: none)
-    reward_model = instantiate(cfg.reward_model, tokenizer=tokenizer, device=None)
-    kl_controller = instantiate(cfg.kl_controller)
-    data_kwargs = {k: v for k, v in cfg.data.items() if k not in ("batch_size", "num_workers")}
-    dataset = instantiate(data_kwargs, tokenizer=tokenizer)
-    check_fits(cfg, policy, dataset)
-    optimizer = instantiate(OmegaConf.to_container(cfg.optimizer, resolve=True), params=policy.parameters())
-    updates = cfg.ppo.num_epochs * (cfg.data.batch_size * cfg.rollout.num_samples // cfg.ppo.minibatch_size)
-    lr_scheduler = make_lr_scheduler(cfg, optimizer, updates * cfg.trainer.num_iterations)
-    policy, optimizer, lr_scheduler = accelerator.prepare(policy, optimizer, lr_scheduler)
-    rollout = RolloutFromModel(
-        policy, ref_model, reward_model, max_new_tokens=cfg.rollout.max_new_tokens,
-        score_clip=cfg.rollout.score_clip, tokenizer=tokenizer,
-        temperature=cfg.rollout.temperature, top_k=cfg.rollout.top_k, top_p=cfg.rollout.top_p,
-        do_sample=cfg.rollout.do_sample, logprob_batch_size=cfg.rollout.logprob_batch_size,
-        unwrap_fn=accelerator.unwrap_model, num_samples=cfg.rollout.num_samples,
-        hf_generate=cfg.rollout.hf_generate,
-    )
-    entries = cfg.transforms if ref_model is not None else {
-        k: v for k, v in cfg.transforms.items() if k not in ("ref_logprob", "kl")}  # as build_rollout does
-    rollout.transforms = build_transform_stack(
-        entries, ref_log_prob_fn=rollout.ref_log_prob_fn, eos_token_id=rollout.eos_token_id)
-    return dict(cfg=cfg, accelerator=accelerator, policy=policy, optimizer=optimizer, lr_scheduler=lr_scheduler,
-                rollout=rollout, dataset=dataset, ppo_generator=torch.Generator().manual_seed(cfg.trainer.seed),
-                kl_controller=kl_controller, algorithm=algorithm, update_cfg=update_cfg, sampling=sampling,
-                reward_model=reward_model)
+    run = build_run(cfg, tokenizer=tokenizer)
+    run.rollout = _RolloutProbe(run.rollout)
+    state = TrainState.fresh(run.kl_controller, cfg.trainer.seed, 0, cfg.trainer.max_consecutive_faults)
+    return run, state
 
 
-def one_iteration(s: dict, prompts: dict, gen_chunk: int | None) -> dict:
-    """Steps 2-5 of ``trainer.train``'s loop on one batch of prompts; returns timings (seconds)."""
-    from rlhf_train.algorithms.update import minibatch_update
-    from rlhf_train.core.containers import Rollout
+def one_iteration(run, state, prompts: dict) -> dict:
+    """The loop's ``step`` on one batch of prompts; returns its timings (seconds) and the rollout."""
+    from rlhf_train.loop.trainer import step
 
-    rollout, policy = s["rollout"], s["policy"]
-    timer = _GenerateTimer(rollout.backend)
+    timer = _GenerateTimer(run.rollout.backend)
     ru0 = resource.getrusage(resource.RUSAGE_SELF)
     try:
-        t0 = time.perf_counter()
-        # 2. rollout: generate + one pass each of policy, reference, reward model; reward shaping
-        policy.eval()
-        B = prompts["input_ids"].shape[0]
-        chunk = gen_chunk or B
-        kl_coef = s["kl_controller"].coef if s["algorithm"].kl_in_reward else 0.0
-        tds = [rollout.rollout_from_data({k: v[i:i + chunk] for k, v in prompts.items()}, kl_coef=kl_coef)
-               for i in range(0, B, chunk)]
-        td = tds[0] if len(tds) == 1 else torch.cat(tds)
-        ro = Rollout.from_torchrl(td)
-        mask = ro.masks.response
-        # 3. advantages: the algorithm's estimator (PPO: GAE, whitened over the batch's response tokens)
-        ro.advantage, ro.returns = s["algorithm"].estimator(ro)
-        t1 = time.perf_counter()
-        rollout_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        # 4. epochs over minibatches; 5. the KL controller steps once per iteration
-        stats = minibatch_update(policy, s["optimizer"], s["lr_scheduler"], s["accelerator"], ro, s["algorithm"],
-                                 s["sampling"], s["update_cfg"], s["ppo_generator"], {"skipped": 0, "consecutive": 0})
-        if s["algorithm"].kl_in_reward:
-            s["kl_controller"].update(ro.kl_per_sequence.float())
-        t2 = time.perf_counter()
+        metrics, ro = step(run, state, prompts)
     finally:
         timer.remove()
     ru2 = resource.getrusage(resource.RUSAGE_SELF)
     cpu_s = (ru2.ru_utime - ru0.ru_utime) + (ru2.ru_stime - ru0.ru_stime)
-    return {"rollout_s": t1 - t0, "generate_s": timer.seconds, "update_s": t2 - t1, "total_s": t2 - t0,
-            "cpu_s": cpu_s, "rollout_peak_rss_mb": rollout_rss / 1024, "gen_tokens": int(mask.sum()), "first_ratio": float(stats["val/first_ratio"]), "td": td}
+    return {"rollout_s": metrics["time/rollout_s"], "generate_s": timer.seconds, "update_s": metrics["time/update_s"],
+            "total_s": metrics["time/iteration_s"], "cpu_s": cpu_s, "rollout_peak_rss_mb": run.rollout.rss_kb / 1024,
+            "gen_tokens": int(ro.masks.response.sum()), "first_ratio": metrics["val/first_ratio"], "rollout": ro}
 
 
 class RLHFTrainBenchmark:
@@ -246,13 +202,13 @@ class RLHFTrainBenchmark:
 
     def __init__(self, *, layers: int = 2, width: int = 128, heads: int = 4, vocab: int = 50257,
                  prompt_len: int = 64, new_tokens: int = 50, rollouts: int = 32, epochs: int = 3,
-                 minibatch: int = 16, threads: int = 2, seed: int = 0, gen_chunk: int | None = None,
+                 minibatch: int = 16, threads: int = 2, seed: int = 0,
                  max_iterations: int = 16, algorithm: str = "ppo", num_samples: int = 1, extra=(),
                  arch: str = "gpt2", kv_heads: int = 3, intermediate: int = 1536):
         torch.set_num_threads(threads)
         if rollouts % num_samples:
             raise ValueError(f"--rollouts {rollouts} must be a multiple of --num-samples {num_samples}")
-        self.rollouts, self.gen_chunk, self.num_samples = rollouts, gen_chunk, num_samples
+        self.rollouts, self.num_samples = rollouts, num_samples
         self.cfg = compose_config(layers=layers, width=width, heads=heads, vocab=vocab, prompt_len=prompt_len,
                                   new_tokens=new_tokens, rollouts=rollouts, epochs=epochs, minibatch=minibatch,
                                   threads=threads, seed=seed, num_prompts=rollouts * max_iterations,
@@ -260,9 +216,9 @@ class RLHFTrainBenchmark:
                                   llama=self._llama_reward_model(arch, layers, width, heads, kv_heads, intermediate,
                                                                  vocab))
         tokenizer = StandInTokenizer(vocab)
-        self.state = build(self.cfg, tokenizer)
-        add_reference_continuations(self.state["dataset"], new_tokens, vocab, tokenizer.eos_token_id, seed)
-        self.order = torch.randperm(len(self.state["dataset"]), generator=torch.Generator().manual_seed(seed))
+        self.run_, self.train_state = build(self.cfg, tokenizer)
+        add_reference_continuations(self.run_.dataset, new_tokens, vocab, tokenizer.eos_token_id, seed)
+        self.order = torch.randperm(len(self.run_.dataset), generator=torch.Generator().manual_seed(seed))
         self.iterations = 0
 
     def _llama_reward_model(self, arch, layers, width, heads, kv_heads, intermediate, vocab):
@@ -288,22 +244,25 @@ class RLHFTrainBenchmark:
         k, R = self.iterations, self.rollouts // self.num_samples  # prompts (each sampled num_samples times)
         if (k + 1) * R > len(self.order):
             raise RuntimeError("RLHFTrainBenchmark: out of prompts; raise max_iterations")
-        prompts = collate([self.state["dataset"][int(i)] for i in self.order[k * R:(k + 1) * R]])
+        prompts = collate([self.run_.dataset[int(i)] for i in self.order[k * R:(k + 1) * R]])
         self.iterations += 1
-        r = one_iteration(self.state, prompts, self.gen_chunk)
-        policy_lm = self.state["accelerator"].unwrap_model(self.state["policy"]).lm
+        r = one_iteration(self.run_, self.train_state, prompts)
+        run, update = self.run_, self.run_.decisions.update
+        policy_lm = run.accelerator.unwrap_model(run.policy).lm
         shape = flops.shape_of(policy_lm)
-        T = r["td"]["masks", "response"].shape[1]
-        self.gemm_rate = flops.gemm_gflop_per_s(shape["d"], shape["V"], self.cfg.ppo.minibatch_size * T)
-        if k == 0:  # before any PPO update: setup + one rollout
+        td = to_torchrl(r["rollout"])  # the flop counts read torchrl's keys
+        T = td["masks", "response"].shape[1]
+        self.gemm_rate = flops.gemm_gflop_per_s(shape["d"], shape["V"], update.minibatch_size * T)
+        if k == 0:  # before any update: setup + one rollout
             self.first_rollout_rss = r["rollout_peak_rss_mb"]
-        rollout = self.state["rollout"]
-        B = r["td"].batch_size[0]
-        rows = self.cfg.ppo.num_epochs * (B // self.cfg.ppo.minibatch_size) * self.cfg.ppo.minibatch_size
-        gflop_rollout = flops.rollout_flops(policy_lm, rollout.ref_model, self.state["reward_model"], r["td"],
-                                            policy_pass=not rollout.backend.with_scores,
-                                            num_samples=self.num_samples if rollout.backend.decode_loop else 1) / 1e9
-        gflop_update = flops.update_flops(policy_lm, r["td"], rows) / 1e9
+        backend, reference = run.rollout.backend, run.rollout.reference
+        B = td.batch_size[0]
+        rows = update.num_epochs * (B // update.minibatch_size) * update.minibatch_size
+        loop_drives = getattr(backend, "drives", lambda: False)()  # one prefill per prompt, shared by its samples
+        gflop_rollout = flops.rollout_flops(policy_lm, reference.model if reference is not None else None,
+                                            run.reward_model, td, policy_pass=not backend.with_scores,
+                                            num_samples=self.num_samples if loop_drives else 1) / 1e9
+        gflop_update = flops.update_flops(policy_lm, td, rows) / 1e9
         floor = {k_: g / self.gemm_rate for k_, g in (("rollout", gflop_rollout), ("update", gflop_update))}
         return {
             "impl": "rlhf_train",
@@ -339,19 +298,18 @@ def median_run(runs: list[dict]) -> dict:
 def run_rlhf_train_iteration(*, layers: int = 2, width: int = 128, heads: int = 4, vocab: int = 50257,
                              prompt_len: int = 64, batch: int = 4, new_tokens: int = 50, rollouts: int = 32,
                              epochs: int = 3, minibatch: int = 16, threads: int = 2, seed: int = 0,
-                             gen_chunk: int | None = None, warmup: int = 1, repeats: int = 1, algorithm: str = "ppo",
+                             warmup: int = 1, repeats: int = 1, algorithm: str = "ppo",
                              num_samples: int = 1, extra=(), arch: str = "gpt2", kv_heads: int = 3,
                              intermediate: int = 1536) -> dict:
     """Build everything, run ``warmup`` untimed iterations, then time ``repeats`` more; returns the JSON
     dict of the median one (by ``total_s``).
 
-    ``batch`` is the torchrl example's prompts per collection step; it only matters through ``gen_chunk``
-    (``gen_chunk=batch`` reproduces the example's 8 generate calls of 4 prompts).
+    ``batch`` is the torchrl example's prompts per collection step (rlhf_train generates all at once).
     """
     del batch  # the trainer generates all `rollouts` prompts of an iteration in one batch by default
     bench = RLHFTrainBenchmark(layers=layers, width=width, heads=heads, vocab=vocab, prompt_len=prompt_len,
                                new_tokens=new_tokens, rollouts=rollouts, epochs=epochs, minibatch=minibatch,
-                               threads=threads, seed=seed, gen_chunk=gen_chunk, max_iterations=warmup + repeats,
+                               threads=threads, seed=seed, max_iterations=warmup + repeats,
                                algorithm=algorithm, num_samples=num_samples, extra=extra, arch=arch,
                                kv_heads=kv_heads, intermediate=intermediate)
     for _ in range(warmup):
@@ -367,15 +325,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--heads", type=int, default=4, help="attention heads")
     p.add_argument("--vocab", type=int, default=50257, help="vocabulary size (EOS = pad = vocab - 1)")
     p.add_argument("--prompt-len", type=int, default=64, help="max prompt tokens (min is half)")
-    p.add_argument("--batch", type=int, default=4, help="prompts per collection step (torchrl); see --gen-chunk")
+    p.add_argument("--batch", type=int, default=4, help="prompts per collection step of the torchrl example (rlhf_train generates all at once)")
     p.add_argument("--new-tokens", type=int, default=50, help="max new tokens per response (T)")
     p.add_argument("--rollouts", type=int, default=32, help="sequences per iteration")
     p.add_argument("--epochs", type=int, default=3, help="PPO epochs")
     p.add_argument("--minibatch", type=int, default=16, help="sequences per PPO minibatch")
     p.add_argument("--threads", type=int, default=2, help="torch CPU threads")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--gen-chunk", type=int, default=None,
-                   help="prompts per generate call (default: all --rollouts at once)")
     p.add_argument("--warmup", type=int, default=1, help="untimed iterations before the timed ones")
     p.add_argument("--repeats", type=int, default=1, help="timed iterations; the median (by total_s) is printed")
     p.add_argument("--arch", choices=["gpt2", "llama"], default="gpt2",
@@ -388,7 +344,7 @@ def parser() -> argparse.ArgumentParser:
                    help="completions per prompt (rollouts / this prompts per iteration; grpo / rloo need >= 2)")
     p.add_argument("--grpo-beta", type=float, default=None, help="algorithm.beta (GRPO's KL in the loss; 0: no reference)")
     p.add_argument("--override", action="append", default=[],
-                   help="an extra Hydra override, e.g. rollout.hf_generate=true (repeatable)")
+                   help="an extra Hydra override, e.g. generation=hf_generate (repeatable)")
     return p
 
 
@@ -397,7 +353,7 @@ def main(argv=None):
     print(json.dumps(run_rlhf_train_iteration(
         layers=a.layers, width=a.width, heads=a.heads, vocab=a.vocab, prompt_len=a.prompt_len, batch=a.batch,
         new_tokens=a.new_tokens, rollouts=a.rollouts, epochs=a.epochs, minibatch=a.minibatch, threads=a.threads,
-        seed=a.seed, gen_chunk=a.gen_chunk, warmup=a.warmup, repeats=a.repeats, algorithm=a.algorithm,
+        seed=a.seed, warmup=a.warmup, repeats=a.repeats, algorithm=a.algorithm,
         num_samples=a.num_samples,
         extra=([f"algorithm.beta={a.grpo_beta}"] if a.grpo_beta is not None else []) + a.override,
         arch=a.arch, kv_heads=a.kv_heads, intermediate=a.intermediate)))

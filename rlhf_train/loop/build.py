@@ -113,8 +113,9 @@ def make_accelerator(cfg: DictConfig, decisions: Decisions):
 
 
 def build_run(cfg: DictConfig, accelerator=None, run_dir: str | Path | None = None,
-              decisions: Decisions | None = None) -> Run:
-    """Steps 1-4 of the module docstring (the config checks too, unless ``decisions`` says they ran)."""
+              decisions: Decisions | None = None, tokenizer: Any = None) -> Run:
+    """Steps 1-4 of the module docstring (the config checks too, unless ``decisions`` says they ran).
+    ``tokenizer``: use this one instead of the ``tokenizer`` group's (benchmarks on random token ids)."""
     from accelerate.utils import set_seed
     from torch.utils.data import DataLoader
 
@@ -130,7 +131,7 @@ def build_run(cfg: DictConfig, accelerator=None, run_dir: str | Path | None = No
     device, algorithm = accelerator.device, decisions.algorithm
     # 2. the components (same initial weights on every process)
     set_seed(cfg.trainer.seed)
-    tokenizer = build_tokenizer(cfg)
+    tokenizer = build_tokenizer(cfg) if tokenizer is None else tokenizer
     policy = instantiate_or_config_error(cfg.policy, tokenizer=tokenizer, value_head=algorithm.needs_critic)
     ref_model = build_reference_model(cfg, policy, tokenizer, algorithm.needs_reference, device)
     reward_model = build_reward_model(cfg, tokenizer, device)
