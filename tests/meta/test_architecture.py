@@ -31,6 +31,7 @@ LAYERS: dict[str, int] = {
     "algorithms": 5,
     "rollout": 6,
     "tasks": 7,
+    "compat": 7,  # torchrl's API over the product (imported by nothing in the package)
     "loop": 8,
     "pipeline": 9,
     "config": 10,
@@ -260,3 +261,16 @@ def test_pipeline_reaches_tasks_only_through_config():
                         if isinstance(arg, ast.Constant) and isinstance(arg.value, str) and names_tasks(arg.value)]
     assert not bad, ("the pipeline names a task's module; name its function in the task's YAML instead "
                      "(rlhf_train/tasks/<task>/hooks.py):\n" + "\n".join(bad))
+
+
+def test_torchrl_is_reached_only_through_compat():
+    """The product path (rollout, shaping, loop) speaks the typed ``Rollout``: only ``rlhf_train/compat/``
+    imports torchrl, and no module of the package imports ``rlhf_train.compat``."""
+    bad = []
+    for path in _sources():
+        module = _module_name(path)
+        if module.startswith("rlhf_train.compat"):
+            continue
+        bad += [f"{_rel(path)}:{line} imports {mod}" for line, mod in _imports(path)
+                if mod == "torchrl" or mod.startswith("torchrl.") or mod.startswith("rlhf_train.compat")]
+    assert not bad, "torchrl's API belongs in rlhf_train/compat/:\n" + "\n".join(bad)

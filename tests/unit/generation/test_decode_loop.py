@@ -111,13 +111,11 @@ def test_the_loop_is_the_default_and_hf_generate_stays_available():
         assert len(calls) == expected_calls
 
 
-def test_the_generation_group_selects_the_backend():
-    from tests.helpers.reliability import make_cfg
-
+def test_the_generation_group_selects_the_backend(tiny_cfg):
     from rlhf_train.loop.build import build_run
 
-    assert isinstance(build_run(make_cfg()).rollout.backend, DecodeLoopBackend)  # the default
-    assert isinstance(build_run(make_cfg("generation=hf_generate")).rollout.backend, HFGenerateBackend)
+    assert isinstance(build_run(tiny_cfg()).rollout.backend, DecodeLoopBackend)  # the default
+    assert isinstance(build_run(tiny_cfg("generation=hf_generate")).rollout.backend, HFGenerateBackend)
 
 
 @pytest.mark.parametrize("arch", sorted(ARCHS))
