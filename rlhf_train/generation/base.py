@@ -2,11 +2,13 @@
 their sampling log-probs and the critic's values) out.
 
 A new backend (vLLM, SGLang, a static-cache decode loop, ...) goes in ``rlhf_train/generation/<name>.py``
-as a class with :meth:`GenerationBackend.generate` and the constructor of :class:`BackendSettings`'s fields,
-plus ``conf/generation/<name>.yaml`` naming it by ``_target_``: ``generation=<name>`` then selects it
-(``rlhf_train/loop/components.py`` builds it with the policy and these settings). Implementations:
-:class:`rlhf_train.generation.decode_loop.DecodeLoopBackend` (the default: rlhf_train's KV-cached loop) and
-:class:`rlhf_train.generation.hf_generate.HFGenerateBackend` (``transformers``' ``generate``).
+as a class with :meth:`GenerationBackend.generate` and a constructor taking the policy and the rollout's
+settings (``eos_token_id``, ``pad_token_id``, ``max_new_tokens``, ``sampling``, ``do_sample``, ``with_scores``,
+``unwrap_fn``) plus its YAML keys, and ``conf/generation/<name>.yaml`` naming it by ``_target_``:
+``generation=<name>`` then selects it (``rlhf_train/loop/components.py`` builds it with the policy and these
+settings). Implementations: :class:`rlhf_train.generation.decode_loop.DecodeLoopBackend` (the default:
+rlhf_train's KV-cached loop) and :class:`rlhf_train.generation.hf_generate.HFGenerateBackend`
+(``transformers``' ``generate``).
 """
 from __future__ import annotations
 

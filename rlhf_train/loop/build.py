@@ -130,6 +130,7 @@ def build_run(cfg: DictConfig, accelerator=None, run_dir: str | Path | None = No
         torch.set_num_threads(cfg.trainer.num_threads)
     device, algorithm = accelerator.device, decisions.algorithm
     # 2. the components (same initial weights on every process)
+    checks.check_models_set(cfg)
     set_seed(cfg.trainer.seed)
     tokenizer = build_tokenizer(cfg) if tokenizer is None else tokenizer
     policy = instantiate_or_config_error(cfg.policy, tokenizer=tokenizer, value_head=algorithm.needs_critic)

@@ -5,6 +5,8 @@ the fix, before any work starts (or, for what needs the built objects, before th
   ``rollout.hf_generate``, ``transforms.ref_logprob``) named with their new place; ``+``-added keys; names
   and ranges; the algorithm against ``rollout.num_samples``; model dirs that cannot load; the shaping stack
   dry-run on a stand-in rollout; LoRA with a Ray reference;
+* :func:`check_models_set` (right before the models are built): a policy or reward model with neither
+  weights nor an architecture;
 * :func:`check_built` (after the components are built): tokenizer / policy / reward-model vocabularies,
   prompts + responses within the policy's context, the batch against ``update.minibatch_size``, the reward
   model's output shapes, and every reward source on the first batch.
@@ -228,6 +230,10 @@ def check_stack(cfg: DictConfig) -> None:
     if lora_settings(cfg.policy.get("lora")) is not None and cfg.ref_model.get("ray_service", {}).get("enabled"):
         raise ConfigError("ref_model.ray_service.enabled=true: with policy.lora.r>0 the reference is the policy with "
                           "its adapter disabled, no model to serve; set it to false (or policy.lora.r=0)")
+
+
+def check_models_set(cfg: DictConfig) -> None:
+    """Right before the models are built (a pipeline fills in the paths of its earlier stages first)."""
     for group, what in (("policy", "a local model dir"), ("reward_model", "the dir of a trained reward model")):
         # a model with neither weights nor an architecture would silently be a random full-size GPT-2
         node = cfg.get(group)

@@ -101,7 +101,7 @@ class ScoreClip:
 class KLDivergence:
     """Per-token KL between the policy (its sampling log-probs) and the reference over the response:
     ``kl [B, T]`` and ``kl_per_sequence [B]`` (what the KL controller sees). A rollout without a reference
-    keeps the zeros the rollout wrote."""
+    keeps the zeros the rollout wrote there."""
 
     def __init__(self, estimator: str = "k1"):
         if estimator not in KL_ESTIMATORS:
@@ -192,7 +192,7 @@ def stand_in_rollout() -> Rollout:
         tokens=Tokens(prompt=prompt, response=response, full=torch.cat([prompt, response], 1), batch_size=[2]),
         masks=Masks(prompt=prompt_mask, response=mask, full=torch.cat([prompt_mask, mask], 1), batch_size=[2]),
         sample_log_prob=torch.full((2, 3), -1.0), values=torch.zeros(2, 3), ref_log_prob=torch.full((2, 3), -2.0),
-        kl=torch.zeros(2, 3), kl_per_sequence=torch.zeros(2), kl_coef=torch.full((2,), 0.1),
+        kl_coef=torch.full((2,), 0.1),
         score=torch.ones(2), score_raw=torch.ones(2), score_ref=torch.zeros(2), done=done,
         terminated=done & torch.tensor([[True], [False]]), truncated=done & torch.tensor([[False], [True]]),
         batch_size=[2])

@@ -201,7 +201,10 @@ class RolloutFromModel:
             values=values.masked_fill(~response_mask, 0.0) if values is not None and self.has_critic else None,
             ref_log_prob=(ref_log_probs.to(device).reshape(B, T).float().masked_fill(~response_mask, 0.0)
                           if ref_log_probs is not None else None),
-            kl=torch.zeros(B, T, device=device), kl_per_sequence=torch.zeros(B, device=device),
+            # no reference: no KL (0); with one, the shaping stack's `kl` entry writes it (dropping that entry
+            # leaves the reward entry without its input: an error at start, not a silent KL-free run)
+            kl=torch.zeros(B, T, device=device) if ref_log_probs is None else None,
+            kl_per_sequence=torch.zeros(B, device=device) if ref_log_probs is None else None,
             kl_coef=torch.full((B,), float(kl_coef), device=device),
             score_raw=score, score=score.clone(), score_ref=score_ref, reward_sources=parts,
             done=done, terminated=done & has_eos[:, None], truncated=done & ~has_eos[:, None],

@@ -87,7 +87,7 @@ def test_glossary_names_exactly_the_logged_metrics(tmp_path):
     for run, algorithm in (("ppo", []), ("grpo", ["algorithm=grpo", "rollout.num_samples=2", "data.batch_size=2"])):
         cfg = make_cfg("trainer.num_iterations=1", "data.max_prompts=4", "update.num_epochs=1",
                        "trainer.checkpoint_every=100", *algorithm)
-        assert cfg.update.max_grad_norm is not None  # policy/grad_norm is logged only with gradient clipping
+        assert cfg["update"].max_grad_norm is not None  # policy/grad_norm is logged only with gradient clipping
         train(cfg, tmp_path / run)
         for name in ("metrics.csv", "timings.csv"):
             with open(tmp_path / run / name, newline="") as f:
