@@ -1,4 +1,4 @@
-"""Builds the worked example's small local models (README "Bring your own model, data and reward"):
+"""Builds the worked example's small local models (docs/bring-your-own.md):
 
     python examples/byo/make_model.py OUT_DIR
 

@@ -1,4 +1,4 @@
-"""Your reward function for the worked example (README "Bring your own model, data and reward").
+"""Your reward function for the worked example (docs/bring-your-own.md).
 
 rlhf_train calls it once per batch as ``correct(prompts=[...], completions=[...], answer=[...], messages=[...])``:
 ``prompts`` as the policy saw them (chat template applied), ``completions`` the generated answers (text),

@@ -77,5 +77,5 @@ class Algorithm(Protocol):
     def loss(self, out: PolicyOutput, mb: Rollout) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """``(loss, stats)`` of one micro-batch ``mb``: the loss a **mean over its** :meth:`loss_units` (the
         update rescales it to a mean over all processes' units); stats are detached scalars named as in
-        the README's metric glossary (``loss/policy``, ``policy/clipfrac``, ...)."""
+        docs/metrics.md's glossary (``loss/policy``, ``policy/clipfrac``, ...)."""
         ...

@@ -40,7 +40,7 @@ class AlgorithmConfig:
     clip_low: Optional[float] = None     # ratio clipped below at 1 - clip_low (null = update.clip_eps)
     clip_high: Optional[float] = None    # ratio clipped above at 1 + clip_high (null = update.clip_eps)
     ratio_level: str = "token"           # token | sequence (GSPO)
-    kl_in_reward: bool = True            # the KL penalty is shaped into the reward (transform stack + controller)
+    kl_in_reward: bool = True            # the KL penalty is shaped into the reward (shaping stack + controller)
     beta: float = 0.0                    # weight of the k3 KL to the reference in the loss (needs kl_in_reward false)
     gamma: float = 1.0                   # [ppo, reinforce_pp] discount of the returns
     lam: float = 0.95                    # [ppo] GAE lambda

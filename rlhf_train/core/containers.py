@@ -10,8 +10,8 @@ Every rollout carries its tokens once per sequence, never once per timestep:
 log-probabilities of the response tokens ([B, T], zero outside the response mask).
 
 :class:`Rollout` is one batch of scored rollouts with every field declared (name, shape, meaning) in one
-place; :data:`TORCHRL_KEYS` maps its fields to the keys of torchrl's rollout TensorDict, which
-``RolloutFromModel`` returns and the reward-shaping transforms read and write.
+place; ``RolloutFromModel`` returns it and the reward-shaping stack rewrites it. :data:`TORCHRL_KEYS` maps its
+fields to the keys of torchrl's rollout TensorDict (what :mod:`rlhf_train.compat.torchrl` returns).
 
 Mask helpers beside them: position ids of a left-padded batch, the index of each row's last attended
 token (where a reward model reads its score), EOS tests, and re-padding to the left or right.

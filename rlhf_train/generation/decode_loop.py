@@ -14,7 +14,7 @@ attention mask and the cache follow ``generate``'s conventions (positions from t
 a ``DynamicCache`` built by the model), so the hidden states are ``generate``'s: a test checks the greedy
 tokens against ``generate`` for GPT-2, GPT-NeoX, Llama, Qwen2 and Gemma.
 Measured (``benchmarks/decode_loop.py``, 32 rows, 2 threads, interleaved in one process): 32 x 50 tokens of
-a 2-layer width-128 GPT-2, 0.60 -> 0.42 s; the README's performance section has the rest.
+a 2-layer width-128 GPT-2, 0.60 -> 0.42 s; docs/performance.md has the rest.
 """
 from __future__ import annotations
 

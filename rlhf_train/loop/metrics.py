@@ -1,5 +1,5 @@
 """What the loop logs from a rollout: the ``objective/``, ``response/``, ``reward/`` and ``val/`` metrics
-(the README's metric glossary explains each) and a few decoded samples."""
+(docs/metrics.md's glossary explains each) and a few decoded samples."""
 from __future__ import annotations
 
 from rlhf_train.core.containers import Rollout

@@ -8,11 +8,11 @@ actor is built from a small picklable *factory* that loads the weights where the
   1. the reference weights come from ``ref_model.pretrained`` when set; otherwise the main process
      saves the reference the trainer built (an exact copy of the initial policy) to
      ``<run dir>/reference_model`` once, so the actor's copy is identical to the in-process one
-  2. the main process starts (or joins, ``ray.address``) a Ray cluster and gets-or-creates the named
-     actor; the other processes join the same cluster and look the actor up by name
+  2. the main process starts (or joins, ``ref_model.ray_service.address``) a Ray cluster and
+     gets-or-creates the named actor; the other processes join the same cluster and look the actor up by name
   3. ``ref_log_prob(full [B, P+T], full_mask [B, P+T], prompt_len) -> [B, T]`` ships CPU tensors to
-     the actor, which runs :func:`rlhf_train.models.scoring.sequence_logprobs` (one forward pass, the policy's
-     temperature / top-k / top-p, ``rollout.logprob_batch_size`` rows at a time) and ships back fp32
+     the actor, which runs :func:`rlhf_train.models.scoring.sequence_logprobs` (one forward pass, the sampling
+     temperature without top-k / top-p, ``rollout.logprob_batch_size`` rows at a time) and ships back fp32
 
 Ray is an optional extra: ``pip install -e ".[ray]"``.
 """

@@ -1,4 +1,4 @@
-"""A checkpoint as a plain Hugging Face model dir, on request (README "Where the trained model is").
+"""A checkpoint as a plain Hugging Face model dir, on request (docs/export.md).
 
     python -m rlhf_train.tools.export outputs/<task>/<date>/checkpoints/iter_000012 exported/
 
