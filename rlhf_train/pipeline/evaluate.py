@@ -40,7 +40,7 @@ def evaluate_policy(lm, ref_lm, reward_model, tokenizer, prompts, cfg: DictConfi
 
     from rlhf_train.data.prompts import collate
     from rlhf_train.core.sampling import SamplingParams
-    from rlhf_train.generation.decode_loop import DecodeLoopBackend
+    from rlhf_train.loop.components import build_backend
     from rlhf_train.models.reference import frozen_copy
     from rlhf_train.rewards.shaping import KLDivergence
     from rlhf_train.rewards.sources import RewardModelSource
@@ -51,8 +51,7 @@ def evaluate_policy(lm, ref_lm, reward_model, tokenizer, prompts, cfg: DictConfi
     # model's raw score, the KL to the reference (k1, per sequence) is only measured
     sampling = SamplingParams(r.temperature, r.top_k, r.top_p)
     eos, pad = special_ids(lm, tokenizer)
-    backend = DecodeLoopBackend(lm, eos_token_id=list(eos) if len(eos) > 1 else eos[0], pad_token_id=pad,
-                                max_new_tokens=r.max_new_tokens, sampling=sampling, do_sample=r.do_sample)
+    backend = build_backend(cfg, lm, eos, pad, sampling, with_scores=True, unwrap_fn=None)  # the `generation` group's
     rollout = RolloutFromModel(lm, backend, frozen_copy(ref_lm, sampling, r.logprob_batch_size),
                                {"reward_model": (RewardModelSource(reward_model, pad, r.logprob_batch_size), 1.0)},
                                {"kl": KLDivergence("k1")}, eos_token_ids=eos, pad_token_id=pad,
@@ -142,7 +141,7 @@ def format_table(summary: dict, initial: str = "SFT", algorithm: str = "PPO") ->
     return "\n".join(lines)
 
 
-# what each curve of rl_curves.png is (the README's metric glossary; rlhf_train/loop/metrics.py)
+# what each curve of rl_curves.png is (docs/metrics.md's glossary; rlhf_train/loop/metrics.py)
 RL_CURVES = (
     ("objective/score", "objective/score: reward-source score, unshaped"),
     ("objective/reward_raw", "objective/reward_raw: shaped score (baseline, EOS penalty, clip)"),
@@ -157,7 +156,7 @@ def plot_rl_history(history: list[dict], path: str | Path, kl_target: float | No
     of an adaptive controller, if any.
 
     Each curve is labelled with the metric it plots (``objective/...``), so the picture reads against
-    ``metrics.csv`` and the README's glossary. Readable with near-constant values
+    ``metrics.csv`` and docs/metrics.md's glossary. Readable with near-constant values
     (:mod:`rlhf_train.pipeline.plots`).
     """
     from matplotlib.backends.backend_agg import FigureCanvasAgg

@@ -53,7 +53,8 @@ def test_text_prompts_as_chat(tmp_path):
 def test_columns_are_repeated_for_each_sample():
     from rlhf_train.rollout.rollout_from_model import RolloutFromModel
 
-    cols = RolloutFromModel._columns({"columns": {"answer": ["a", "b"]}}, 6)
+    rollout = RolloutFromModel.__new__(RolloutFromModel)  # columns() reads nothing of the instance
+    cols = rollout.columns({"columns": {"answer": ["a", "b"]}}, 6)
     assert cols == {"answer": ["a", "a", "a", "b", "b", "b"]}
 
 

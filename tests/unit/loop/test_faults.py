@@ -88,7 +88,7 @@ def test_non_finite_loss_skips_the_update(monkeypatch):
 
     monkeypatch.setattr(PPO, "loss", nan_once)
     faults, *_ , err = _update(_rollouts())
-    assert err is None and faults == {"skipped": 1, "consecutive": 0}
+    assert err is None and (faults.skipped, faults.consecutive) == (1, 0)
 
 
 def test_max_consecutive_faults_stops_without_touching_the_weights():
@@ -176,4 +176,4 @@ def test_consecutive_faults_stop_the_run_with_a_checkpoint_of_the_last_good_stat
     w1, w2 = load_file(first / "policy" / "model.safetensors"), load_file(last / "policy" / "model.safetensors")
     assert w1.keys() == w2.keys() and all(torch.equal(w1[k], w2[k]) for k in w1)
     faults = read_trainer_state(last)["faults"]
-    assert faults.skipped == 3 and faults.consecutive == 0  # a resumed run gets a fresh budget
+    assert faults["skipped"] == 3 and faults["consecutive"] == 0  # a resumed run gets a fresh budget

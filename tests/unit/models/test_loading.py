@@ -52,8 +52,8 @@ def test_each_architecture_trains_two_ppo_iterations(arch, chat_data, tmp_path):
 
 
 def test_responses_end_at_the_first_of_several_eos_ids(tmp_path):
+    from rlhf_train.compat.torchrl import RolloutFromModel
     from rlhf_train.models.policy import build_policy
-    from rlhf_train.rollout.rollout_from_model import RolloutFromModel
 
     tok = chat_tokenizer()
     policy = build_policy(tok, str(save_causal_lm("llama", tok, tmp_path / "m", eos_ids=[0, 3])))

@@ -166,7 +166,7 @@ def test_lora_checkpoint_into_full_finetuning_is_one_line(tmp_path):
     ("policy.lora.alpha=0", r"policy\.lora\.alpha=0 must be positive"),
     ("policy.lora.dropout=1.5", r"policy\.lora\.dropout=1\.5 must be in \[0, 1\)"),
     ("policy.lora.target_modules=[nope]", r"policy\.lora\.target_modules=\['nope'\] does not fit this model"),
-    ("ref_model.ray_service.enabled=true", r"use_ray_service=true: with policy\.lora\.r>0"),
+    ("ref_model.ray_service.enabled=true", r"ray_service\.enabled=true: with policy\.lora\.r>0"),
 ])
 def test_bad_lora_settings_are_one_line(override, message):
     from rlhf_train.infra.errors import ConfigError
