@@ -19,8 +19,6 @@ a 2-layer width-128 GPT-2, 0.60 -> 0.42 s; docs/performance.md has the rest.
 from __future__ import annotations
 
 import inspect
-from typing import Callable
-
 import torch
 from torch import nn
 
@@ -125,38 +123,37 @@ def sample_with_cache(lm: nn.Module, prompt: torch.Tensor, prompt_mask: torch.Te
 
 class DecodeLoopBackend:
     """:class:`~rlhf_train.generation.base.GenerationBackend` running :func:`sample_with_cache` on the
-    policy's causal LM; the same arguments as :class:`~rlhf_train.generation.hf_generate.HFGenerateBackend`
-    (which it hands a ``generation_config`` call, or a model :func:`can_drive` rejects, to)."""
+    policy's causal LM. Its settings are those of :class:`~rlhf_train.generation.hf_generate.HFGenerateBackend`
+    (``eos_token_id``, ``pad_token_id``, ``max_new_tokens``, ``sampling``, ``do_sample``, ``with_scores``,
+    ``unwrap_fn``), held once, by that backend: it is the fallback this one hands a ``generation_config``
+    call, or a model :func:`can_drive` rejects, to."""
 
-    def __init__(self, model, *, eos_token_id: int | list[int] | tuple[int, ...], pad_token_id: int, max_new_tokens: int,
-                 sampling: SamplingParams = SamplingParams(), do_sample: bool = True, with_scores: bool = True,
-                 unwrap_fn: Callable | None = None):
-        self.model, self.eos_token_id, self.pad_token_id = model, eos_token_id, pad_token_id
-        self.max_new_tokens, self.sampling, self.do_sample = max_new_tokens, sampling, do_sample
-        self.with_scores, self.unwrap_fn = with_scores, unwrap_fn or (lambda m: m)
-        self.fallback = HFGenerateBackend(model, eos_token_id=eos_token_id, pad_token_id=pad_token_id,
-                                          max_new_tokens=max_new_tokens, sampling=sampling, do_sample=do_sample,
-                                          with_scores=with_scores, unwrap_fn=unwrap_fn)
+    def __init__(self, model, **settings):
+        self.fallback = HFGenerateBackend(model, **settings)
+
+    @property
+    def with_scores(self) -> bool:
+        return self.fallback.with_scores
+
+    def _lm(self):
+        base = self.fallback.unwrap_fn(self.fallback.model)
+        return base, getattr(base, "lm", base)
 
     def drives(self) -> bool:
         """Whether the loop (not the ``generate`` fallback) samples for this policy."""
-        base = self.unwrap_fn(self.model)
-        return can_drive(getattr(base, "lm", base))
+        return can_drive(self._lm()[1])
 
     @torch.no_grad()
     def generate(self, prompt: torch.Tensor, prompt_mask: torch.Tensor, num_samples: int = 1,
                  generation_config=None) -> Generation:
         """See :meth:`~rlhf_train.generation.base.GenerationBackend.generate`."""
-        base = self.unwrap_fn(self.model)
-        lm = getattr(base, "lm", base)
+        s, (base, lm) = self.fallback, self._lm()
         if generation_config is not None or not can_drive(lm):
-            return self.fallback.generate(prompt, prompt_mask, num_samples, generation_config=generation_config)
-        T = self.max_new_tokens
-        value_head = getattr(base, "value_head", None) if self.with_scores and self.do_sample else None
+            return s.generate(prompt, prompt_mask, num_samples, generation_config=generation_config)
+        T = s.max_new_tokens
+        value_head = getattr(base, "value_head", None) if s.with_scores and s.do_sample else None
         response, log_probs, hidden = sample_with_cache(  # samples of a prompt adjacent, one prefill each
-            lm, prompt, prompt_mask, max_new_tokens=T, eos_token_id=self.eos_token_id,
-            pad_token_id=self.pad_token_id, sampling=self.sampling, do_sample=self.do_sample,
-            keep_hidden=value_head is not None, num_samples=num_samples)
+            lm, prompt, prompt_mask, max_new_tokens=T, eos_token_id=s.eos_token_id, pad_token_id=s.pad_token_id,
+            sampling=s.sampling, do_sample=s.do_sample, keep_hidden=value_head is not None, num_samples=num_samples)
         values = value_head(pad_steps(hidden, T)).float() if value_head is not None else None
-        return finish(response, T, self.eos_token_id, self.pad_token_id,
-                      log_probs if self.with_scores else None, values)
+        return finish(response, T, s.eos_token_id, s.pad_token_id, log_probs if s.with_scores else None, values)
