@@ -25,7 +25,6 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 from torchrl.envs.transforms import Compose
 
-from rlhf_train.compat.torchrl_transforms import default_transform_stack
 from rlhf_train.core.containers import TORCHRL_KEYS, LogProbs, Rollout, left_pad, response_mask_from_tokens
 from rlhf_train.core.logprob_kernel import logprobs_of_labels
 from rlhf_train.core.sampling import SamplingParams
@@ -37,6 +36,7 @@ from rlhf_train.rollout.rollout_from_model import RolloutFromModel as Rollouts
 from rlhf_train.rollout.rollout_from_model import special_ids
 from rlhf_train.compat.torchrl_transforms import (
     Key,
+    default_transform_stack,
     KLDivergenceTransform,
     ReferenceModelLogProbTransform,
     RewardAdjustmentTransform,
@@ -108,8 +108,6 @@ class KLRewardTransform(_RolloutTransform):
         return td
 
 
-
-
 def to_torchrl(ro: Rollout) -> TensorDict:
     """The torchrl-style rollout TensorDict of a typed ``Rollout`` (shares its tensors): its fields under
     :data:`~rlhf_train.core.containers.TORCHRL_KEYS`, plus torchrl's ``action`` and ``log_probs`` entries."""
@@ -124,7 +122,7 @@ def to_torchrl(ro: Rollout) -> TensorDict:
     return td
 
 
-def _batch_dict(batch, B: int | None = None) -> dict:
+def _batch_dict(batch) -> dict:
     """What the product rollout reads from a batch of either form: its ``columns`` and reference responses."""
     out = {"columns": batch.get("columns")} if isinstance(batch, dict) else {}
     reference = reference_from_batch(batch) if batch is not None else None
