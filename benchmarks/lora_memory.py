@@ -115,7 +115,9 @@ def run_mode(a) -> dict:
         out = trainer.train(cfg, run_dir)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     times = [h["time/iteration_s"] for h in out["history"]]
-    policy, ref = out["policy"], out["components"].ref_model
+    reference = out["rollout"].reference
+    policy = out["policy"]
+    ref = reference.model if reference is not None and reference.kind == "copy" else None  # a copy costs memory
     return {
         "mode": a.mode, "lora_r": a.rank if a.mode == "lora" else 0,
         "peak_rss_mb": round(peak, 1),
