@@ -19,7 +19,6 @@ Budget: ~25 s on 2 CPU cores (the tokenizer and the review split are built once,
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -27,8 +26,7 @@ import yaml
 from omegaconf import OmegaConf
 
 from rlhf_train.infra.errors import ConfigError
-
-CONF = Path(__file__).resolve().parents[2] / "conf"
+from tests.helpers.config import CONF, compose
 RECIPES = sorted(p.stem for p in (CONF / "recipe").glob("*.yaml"))
 # the config groups of the primary config's defaults list (null ones included), and their options
 # (`override hydra/...` entries select Hydra's own options, e.g. the --help page: not groups of ours)
@@ -38,22 +36,6 @@ GROUPS = [next(iter(d)) for d in ROOT_DEFAULTS]
 OPTIONS = [(g, p.stem) for g in GROUPS for p in sorted((CONF / g).glob("*.yaml"))]
 # conf/ dirs that are not config groups of the primary config
 NOT_GROUPS = {"recipe", "hydra"}  # hydra/: Hydra's own groups (the --help page)
-
-
-def compose(overrides=()):
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-
-    from rlhf_train.config.schema import register_configs
-
-    register_configs()
-    GlobalHydra.instance().clear()
-    try:
-        with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-            return hydra_compose("config", overrides=list(overrides))
-    finally:
-        GlobalHydra.instance().clear()
 
 
 def is_hub_name(value) -> bool:

@@ -14,7 +14,6 @@ Budget: ~10 s on 2 CPU cores.
 import copy
 import math
 import threading
-from pathlib import Path
 
 import pytest
 import torch
@@ -35,7 +34,6 @@ from rlhf_train.models.scoring import sequence_logprobs
 from rlhf_train.compat.torchrl_transforms import build_transform_stack
 from rlhf_train.compat.torchrl import RolloutFromModel
 
-CONF = str(Path(__file__).resolve().parents[3] / "conf")
 V, EOS, PAD, H = 64, 0, 1, 32
 
 
@@ -97,17 +95,10 @@ def test_reference_logprobs_ignore_top_k_top_p(temperature, top_k, top_p):
 # --------------------------------------------------------------------------- 2. EOS penalty after the baseline
 @pytest.fixture(scope="module")
 def default_transforms():
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
+    from tests.helpers.config import compose
 
-    from rlhf_train.config.schema import register_configs
-
-    register_configs()
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=CONF, version_base="1.3"):
-        cfg = compose("config", overrides=["transforms.eos_penalty.penalty=-1", "rollout.score_clip=5.0",
-                                           "kl_controller=constant", "kl_controller.kl_coef=0.1"])
-    GlobalHydra.instance().clear()
+    cfg = compose(["transforms.eos_penalty.penalty=-1", "rollout.score_clip=5.0", "kl_controller=constant",
+                   "kl_controller.kl_coef=0.1"])
     return cfg.transforms
 
 

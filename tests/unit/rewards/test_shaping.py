@@ -12,7 +12,6 @@
 Budget: ~5 s on 2 CPU cores (the Monte-Carlo test is most of it).
 """
 import math
-from pathlib import Path
 
 import pytest
 import torch
@@ -32,7 +31,6 @@ from rlhf_train.compat.torchrl_transforms import (
 )
 from rlhf_train.compat.torchrl import KLConstrainedTransform, KLRewardTransform
 
-CONF = str(Path(__file__).resolve().parents[3] / "conf")
 EOS = 0
 
 
@@ -186,18 +184,9 @@ def seed_reward(td, clip, coef):
 
 @pytest.fixture(scope="module")
 def default_cfg():
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
+    from tests.helpers.config import compose
 
-    from rlhf_train.config.schema import register_configs
-
-    register_configs()
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=CONF, version_base="1.3"):
-        cfg = compose("config", overrides=["rollout.score_clip=5.0", "kl_controller=constant",
-                                           "kl_controller.kl_coef=0.1"])
-    GlobalHydra.instance().clear()
-    return cfg
+    return compose(["rollout.score_clip=5.0", "kl_controller=constant", "kl_controller.kl_coef=0.1"])
 
 
 def test_default_yaml_stack_equals_seed_reward(default_cfg):

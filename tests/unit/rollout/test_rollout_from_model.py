@@ -62,7 +62,7 @@ def test_default_shaping_stack_on_a_stand_in_rollout():
     """The YAML's default stack (baseline, EOS penalty off, clip 10, k1, reward, no whitening), worked by hand:
     row 0 ends at EOS at t=1, row 1 is cut at t=2; score 1, baseline 0; log p = -1, log q = -2 -> k1 = 1 per
     response token; β = 0.1 -> reward_kl = -0.1 per token; reward = score at the done step + reward_kl."""
-    from tests.meta.test_config import compose
+    from tests.helpers.config import compose
 
     transforms = compose([]).transforms
     ro = stand_in_rollout()
