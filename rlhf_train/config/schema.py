@@ -199,6 +199,7 @@ class TrainerSchema:
     keep_checkpoints: int = 2
     resume: Optional[str] = None
     max_consecutive_faults: int = 3
+    preempt_grace_s: Optional[float] = 25.0
     mixed_precision: Optional[str] = None
     cpu: bool = False
     num_threads: Optional[int] = None

@@ -39,6 +39,12 @@ class Faults:
     def reward_ok(self) -> None:
         self.reward_consecutive = 0
 
+    def fresh_budget(self) -> None:
+        """After a fault stop: whoever resumes the checkpoint it writes gets ``max_consecutive`` faults of each
+        kind again (the totals are kept)."""
+        self.consecutive = 0
+        self.reward_consecutive = 0
+
     def state_dict(self) -> dict:
         return {k: v for k, v in asdict(self).items() if k != "max_consecutive"}
 

@@ -316,6 +316,9 @@ def check_reward_model(reward_model, dataset) -> None:
         got = shapes if shapes is not None else f"{type(out).__name__} {tuple(getattr(out, 'shape', ()))}"
         raise ConfigError(f"the reward model's output has the wrong shape: on {n} prompts of {ids.shape[1]} tokens "
                           f"it returned {got}, expected (rewards [{n}, L], end_scores [{n}]); check reward_model")
+    if not bool(torch.isfinite(out[1].float()).all()):
+        raise ConfigError(f"the reward model returned NaN or inf end scores on a probe batch of {n} prompts; its "
+                          f"weights may be damaged or it overflows in this precision: check reward_model")
 
 
 @torch.no_grad()

@@ -111,7 +111,7 @@ def build_sources(cfg: DictConfig, tokenizer, reward_model, device) -> dict:
     entries = OmegaConf.to_container(entries, resolve=True) if entries else {}
     return build_reward_sources(reward_model, entries, tokenizer, tokenizer.pad_token_id,
                                 cfg.rollout.get("logprob_batch_size"),
-                                float(node.get("weight", 1.0)) if node is not None else 1.0, device)
+                                node.get("weight", 1.0) if node is not None else 1.0, device)
 
 
 def build_dataset(cfg: DictConfig, tokenizer):

@@ -12,11 +12,12 @@ field               meaning
 ``kl_controller``   the KL controller (``coef``, ``update``, ``state_dict``)
 ``run_id``          the run's id (W&B run names; kept over resumes)
 ``wandb_id``        the W&B run id to resume logging into
+``history``         every finished iteration's metrics, those before a resume included
 ==================  ==============================================================================
 
 The checkpoint keys are the ones rlhf_train has always written (``data_epoch``, ``data_batch``,
-``faults``, ``kl_controller``, ``run_id``, ``wandb_id``; per process ``ppo_generator``), so older
-checkpoints resume.
+``faults``, ``kl_controller``, ``run_id``, ``wandb_id``; per process ``ppo_generator``) plus ``history``,
+so older checkpoints resume (with an empty history).
 """
 from __future__ import annotations
 
@@ -38,6 +39,7 @@ class TrainState:
     data_batch: int = 0
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
     wandb_id: str | None = None
+    history: list = field(default_factory=list)  # every iteration's metrics (summary.json and plots read it)
 
     @classmethod
     def fresh(cls, kl_controller, seed: int, process_index: int, max_consecutive_faults: int) -> "TrainState":
@@ -49,7 +51,8 @@ class TrainState:
         """The run-wide part (written once, by the main process); :meth:`process_state_dict` is per process."""
         return {"run_id": self.run_id, "kl_controller": self.kl_controller.state_dict(),
                 "data_epoch": self.data_epoch, "data_batch": self.data_batch + 1,  # the next batch to draw
-                "faults": self.faults.state_dict(), "wandb_id": self.wandb_id}
+                "faults": self.faults.state_dict(), "wandb_id": self.wandb_id,
+                "history": self.history}
 
     def process_state_dict(self) -> dict:
         return {"ppo_generator": self.generator.get_state()}
@@ -61,6 +64,7 @@ class TrainState:
         self.wandb_id, self.run_id = state.get("wandb_id"), state.get("run_id", self.run_id)
         self.data_epoch, self.data_batch = state["data_epoch"], state["data_batch"]
         self.faults.load_state_dict(state.get("faults", {}))
+        self.history = list(state.get("history", []))  # (older checkpoints have none)
         self.generator = torch.Generator().manual_seed(seed * 1000 + process_index + self.iteration)
         if "ppo_generator" in state.get("process", {}):  # this process's minibatch order (its rng_rank{r}.pt)
             self.generator.set_state(state["process"]["ppo_generator"])

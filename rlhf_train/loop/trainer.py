@@ -120,6 +120,15 @@ def train(cfg: DictConfig, run_dir: str | Path | None = None) -> dict:
         run_lock.release()
 
 
+def _last_checkpoint_line(run_dir: Path) -> str:
+    """What a preemption that gave up its iteration keeps (said by the watchdog thread)."""
+    from rlhf_train.infra.checkpoint_files import list_checkpoints
+
+    done = list_checkpoints(run_dir)
+    return (f"the last complete checkpoint, {done[-1]}, is kept: resume with trainer.resume=auto" if done
+            else f"no checkpoint was written yet in {run_dir}")
+
+
 def _loop(run: Run, run_dir: Path, resume_path, config_yaml: str) -> dict:
     """:func:`train` once the run is built: resume, then iterate, log, checkpoint, export."""
     cfg, accelerator, policy = run.cfg, run.accelerator, run.policy
@@ -138,7 +147,7 @@ def _loop(run: Run, run_dir: Path, resume_path, config_yaml: str) -> dict:
         logger = build_logger(cfg.logger, run_dir, OmegaConf.to_container(cfg, resolve=True),
                               resume_iteration=start if resume_path else None, resume_id=state.wandb_id)
         state.wandb_id = getattr(logger, "run_id", None)
-    preempt = PreemptionHandler().install()
+    preempt = PreemptionHandler(t.get("preempt_grace_s"), lambda: _last_checkpoint_line(run_dir)).install()
     batches = infinite_batches(run.loader, accelerator, state.data_epoch, state.data_batch)
     progress = None
     if accelerator.is_main_process and t.progress_bar:
@@ -153,30 +162,31 @@ def _loop(run: Run, run_dir: Path, resume_path, config_yaml: str) -> dict:
                                rank_state=state.process_state_dict())  # each process's own
 
     metrics: dict = {}
-    history: list[dict] = []
+    history = state.history  # every iteration's metrics, those before a resume included (checkpointed)
     iteration = start
     try:
-        for iteration in range(start + 1, t.num_iterations + 1):
+        while iteration < t.num_iterations:
             state.data_epoch, state.data_batch, batch = next(batches)  # this process's shard
             out = step(run, state, batch)
-            state.iteration = iteration
-            if out is None:  # a reward function raised: batch skipped, counted in faults/reward_errors
-                continue
-            metrics, ro = out
-            samples = sample_rows(ro, run.tokenizer) if iteration % t.samples_every == 0 else None
-            if accelerator.is_main_process:
-                logger.log(metrics, iteration)
-                if samples:
-                    logger.log_samples(samples, iteration)
-                if progress is not None:
-                    progress.update(1)
-                    progress.set_postfix(score=f"{metrics['objective/score']:.3f}",
-                                         kl=f"{metrics.get('objective/kl', 0.0):.2f}")
-            history.append({"iteration": iteration, **metrics})
+            if out is not None:
+                iteration = state.iteration = iteration + 1
+                metrics, ro = out
+                samples = sample_rows(ro, run.tokenizer) if iteration % t.samples_every == 0 else None
+                if accelerator.is_main_process:
+                    logger.log(metrics, iteration)
+                    if samples:
+                        logger.log_samples(samples, iteration)
+                    if progress is not None:
+                        progress.update(1)
+                        progress.set_postfix(score=f"{metrics['objective/score']:.3f}",
+                                             kl=f"{metrics.get('objective/kl', 0.0):.2f}")
+                history.append({"iteration": iteration, **metrics})
+            # else: a reward function raised, the batch was skipped (faults/reward_errors): the same iteration
+            # runs on the next batch, so the run never ends short (max_consecutive_faults in a row stop it)
             stop = preempt.requested
             if accelerator.num_processes > 1:  # any process signalled: all stop together
                 stop = bool(accelerator.reduce(torch.tensor(float(stop), device=accelerator.device), "sum").item() > 0)
-            if iteration % t.checkpoint_every == 0 or iteration == t.num_iterations or stop:
+            if stop or (out is not None and (iteration % t.checkpoint_every == 0 or iteration == t.num_iterations)):
                 checkpoint(iteration)
             if stop and iteration < t.num_iterations:  # (a signal during the last iteration: done anyway)
                 if accelerator.is_main_process:
@@ -188,12 +198,12 @@ def _loop(run: Run, run_dir: Path, resume_path, config_yaml: str) -> dict:
         # them (with a fresh fault budget for whoever resumes) unless they are somehow non-finite too.
         problem = weights_problem(accelerator.unwrap_model(policy), initial_max_abs)  # not finite, or diverged
         if problem is None:
-            state.faults.good_update()
+            state.faults.fresh_budget()
             where = f"the last good state is checkpointed in {checkpoint(iteration)}"
         else:
             where = (f"{problem}, so they are not checkpointed; resume from a checkpoint in {run_dir}/checkpoints "
                      f"written before they diverged (and lower optimizer.lr)")
-        raise FloatingPointError(f"stopped at iteration {iteration}: {err}; {where}") from None
+        raise FloatingPointError(f"stopped in iteration {iteration + 1}: {err}; {where}") from None
     finally:
         preempt.restore()
         if progress is not None:

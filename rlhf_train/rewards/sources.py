@@ -145,15 +145,15 @@ class FunctionRewardSource:
     ``fn(prompts=[B] str, completions=[B] str, **columns) -> list[float | None]`` of length ``B``.
     ``prompts``: each prompt as the policy saw it (chat template applied; padding dropped);
     ``completions``: the response text (special tokens such as EOS dropped); ``columns``: the dataset's
-    other columns for each row (e.g. ``answer``). ``None`` -> NaN (no reward for that row). A raise, a
-    wrong length or a non-number raises :class:`RewardFunctionError` naming the source.
+    other columns for each row (e.g. ``answer``). ``None`` -> NaN (no reward for that row). A raise (any
+    ``BaseException``, ``sys.exit`` included), a wrong length, a non-number or a number that is NaN / inf
+    in float32 raises :class:`RewardFunctionError` naming the source (the loop skips the batch and counts it).
     """
 
     overlap = True  # runs in the reward worker thread, beside the reward models
 
     def __init__(self, fn: Callable, tokenizer: Any, name: str = "function"):
         self.fn, self.tokenizer, self.name = fn, tokenizer, name
-        self.last_non_finite = False  # the last call returned a float NaN / inf (not None): the probe refuses it
 
     def texts(self, sequences: Sequences) -> tuple[list[str], list[str]]:
         P = sequences.prompt_len if sequences.prompt_len is not None else 0
@@ -170,16 +170,47 @@ class FunctionRewardSource:
             out = self.fn(prompts=prompts, completions=completions, **sequences.columns)
         except Exception as err:
             raise RewardFunctionError(f"reward function '{self.name}' raised {type(err).__name__}: {err}") from err
+        except BaseException as err:  # sys.exit(), KeyboardInterrupt raised by the function itself, ...: a fault
+            raise RewardFunctionError(f"reward function '{self.name}' raised {type(err).__name__}"
+                                      f"{f'({err})' if str(err) else ''} (it must return, not exit)") from None
+        return self.check(out, B, sequences.full.device)
+
+    def check(self, out: Any, B: int, device) -> torch.Tensor:
+        """``out`` as a ``[B]`` float32 tensor (None -> NaN), or :class:`RewardFunctionError`: not a sequence
+        of numbers (a ``str`` is not a list of rewards), the wrong length, or a number that is NaN / inf in
+        float32 (e.g. 1e39) — a fault of this function, counted like a raise."""
+        if isinstance(out, (str, bytes, dict)) or not hasattr(out, "__len__"):
+            raise RewardFunctionError(f"reward function '{self.name}' must return a list of float | None, "
+                                      f"got {type(out).__name__}: {str(out)[:80]}")
         try:
-            out = list(out)
-            self.last_non_finite = any(v is not None and not math.isfinite(float(v)) for v in out)
-            out = [float("nan") if v is None else float(v) for v in out]
+            values = [float("nan") if v is None else float(v) for v in out]
         except (TypeError, ValueError):
             raise RewardFunctionError(f"reward function '{self.name}' must return a list of float | None, "
                                       f"got {type(out).__name__}: {str(out)[:80]}") from None
-        if len(out) != B:
-            raise RewardFunctionError(f"reward function '{self.name}' returned {len(out)} values for a batch of {B}")
-        return torch.tensor(out, dtype=torch.float32, device=sequences.full.device)
+        if len(values) != B:
+            raise RewardFunctionError(f"reward function '{self.name}' returned {len(values)} values for a batch of {B}")
+        scores = torch.tensor(values, dtype=torch.float32, device=device)
+        given = torch.tensor([v is not None for v in out], dtype=torch.bool, device=device)
+        bad = given & ~torch.isfinite(scores)  # NaN / inf returned (not None), or past float32's range
+        if bad.any():
+            i = int(bad.nonzero()[0])
+            raise RewardFunctionError(f"reward function '{self.name}' returned {list(out)[i]!r} for row {i}: "
+                                      f"NaN or inf in float32 (return None for 'no reward')")
+        return scores
+
+
+def reward_weight(value: Any, key: str) -> float:
+    """A source's weight as a finite float, or one line naming the key."""
+    from rlhf_train.infra.errors import ConfigError
+
+    try:
+        weight = float(value)
+    except (TypeError, ValueError):
+        weight = float("nan")
+    if not math.isfinite(weight) or isinstance(value, bool):
+        raise ConfigError(f"{key}={value!r} is not a finite number: set it to a float such as 1.0 (0 turns the "
+                          f"source off in the sum; it is still logged)")
+    return weight
 
 
 def build_reward_sources(reward_model: torch.nn.Module | None, entries: dict | None, tokenizer: Any,
@@ -202,14 +233,15 @@ def build_reward_sources(reward_model: torch.nn.Module | None, entries: dict | N
 
     sources: dict[str, tuple[RewardSource, float]] = {}
     if reward_model is not None:
-        sources["reward_model"] = (RewardModelSource(reward_model, pad_token_id, batch_size), float(reward_model_weight))
+        weight = reward_weight(reward_model_weight, "reward_model.weight")
+        sources["reward_model"] = (RewardModelSource(reward_model, pad_token_id, batch_size), weight)
     for name, entry in (entries or {}).items():
         key = f"rewards.{name}"
         entry = dict(entry or {})
         if name in sources:
             raise ConfigError(f"{key}: the name '{name}' is taken by the reward_model group; choose another name")
         target = entry.pop("_target_", None)
-        weight = entry.pop("weight", 1.0)
+        weight = reward_weight(entry.pop("weight", 1.0), f"{key}.weight")
         if not target:
             raise ConfigError(f"{key}._target_ is not set: set it to a reward function (my_module.my_reward) or a "
                               f"reward-model factory (rlhf_train.models.reward_model.build_reward_model)")
@@ -225,7 +257,7 @@ def build_reward_sources(reward_model: torch.nn.Module | None, entries: dict | N
         if not callable(obj):
             raise ConfigError(f"{key}._target_={target} is not callable")
         if "prompts" in params and "completions" in params and not inspect.isclass(obj):
-            sources[name] = (FunctionRewardSource(functools.partial(obj, **entry), tokenizer, name), float(weight))
+            sources[name] = (FunctionRewardSource(functools.partial(obj, **entry), tokenizer, name), weight)
             continue
         if "tokenizer" in params:
             entry["tokenizer"] = tokenizer
@@ -234,9 +266,9 @@ def build_reward_sources(reward_model: torch.nn.Module | None, entries: dict | N
         built = obj(**entry)
         if isinstance(built, torch.nn.Module):
             built.eval().requires_grad_(False).to(device)
-            sources[name] = (RewardModelSource(built, pad_token_id, batch_size), float(weight))
+            sources[name] = (RewardModelSource(built, pad_token_id, batch_size), weight)
         elif callable(built):
-            sources[name] = (FunctionRewardSource(built, tokenizer, name), float(weight))
+            sources[name] = (FunctionRewardSource(built, tokenizer, name), weight)
         else:
             raise ConfigError(f"{key}._target_={target} returned {type(built).__name__}, neither a reward model "
                               f"nor a reward function")
@@ -252,20 +284,18 @@ def probe_reward_sources(sources: dict[str, tuple[RewardSource, float]], sequenc
     from rlhf_train.infra.errors import ConfigError
 
     B = sequences.full.shape[0]
+    empty = sequences.prompt_len is not None and sequences.prompt_len >= sequences.full.shape[1]
+    on = "on the first batch" + (" (its prompts, with empty completions)" if empty else "")
     for name, (source, _) in sources.items():
-        is_fn = isinstance(source, FunctionRewardSource)
-        what = f"reward function '{name}'" if is_fn else f"reward source '{name}'"
+        what = f"reward function '{name}'" if isinstance(source, FunctionRewardSource) else f"reward source '{name}'"
         try:
             scores = source(sequences)
         except RewardFunctionError as err:
-            raise ConfigError(f"on the first batch, {err}") from None
+            raise ConfigError(f"{on}, {err}") from None
         except Exception as err:
-            raise ConfigError(f"on the first batch, {what} failed ({type(err).__name__}: {err}); "
+            raise ConfigError(f"{on}, {what} failed ({type(err).__name__}: {err}); "
                               f"check reward_model / rewards.{name}") from None
         if not isinstance(scores, torch.Tensor) or tuple(scores.shape) != (B,):
-            raise ConfigError(f"on the first batch, {what} returned shape {tuple(getattr(scores, 'shape', ()))}, "
-                              f"expected [{B}]")
-        bad = source.last_non_finite if is_fn else not bool(torch.isfinite(scores).all())
-        if bad:
-            raise ConfigError(f"on the first batch, {what} returned NaN or inf"
-                              + (" (return None for 'no reward')" if is_fn else ""))
+            raise ConfigError(f"{on}, {what} returned shape {tuple(getattr(scores, 'shape', ()))}, expected [{B}]")
+        if not bool(torch.isfinite(scores.float()).all()) and not isinstance(source, FunctionRewardSource):
+            raise ConfigError(f"{on}, {what} returned NaN or inf; check reward_model / rewards.{name}")

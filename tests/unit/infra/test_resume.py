@@ -173,8 +173,12 @@ def test_sigterm_checkpoint_resume_is_exact_and_keeps_wandb_id(tmp_path, monkeyp
     assert read_trainer_state(ckpt)["wandb_id"] == "wandb-run-42"
 
     cfg.trainer.resume = "auto"
-    trainer.train(cfg, run)
+    out = trainer.train(cfg, run)
     assert resume_ids == [None, "wandb-run-42"]  # the resumed run continues the same W&B run
+    # the history (summary.json, report.md, plots, the pipeline's cached RL stage) holds the iterations
+    # before the resume too
+    assert [h["iteration"] for h in out["history"]] == [1, 2]
+    assert [h["iteration"] for h in json.loads((run / "final_metrics.json").read_text())["history"]] == [1, 2]
     assert (run / "metrics.csv").read_text() == (tmp_path / "reference" / "metrics.csv").read_text()
 
     # secrets: nowhere in the run dir (config.yaml of each checkpoint has the key, redacted)

@@ -167,13 +167,16 @@ def test_consecutive_faults_stop_the_run_with_a_checkpoint_of_the_last_good_stat
     _nan_scores_from(monkeypatch, iteration=2, rows=slice(None))  # every reward NaN from iteration 2
     with pytest.raises(FloatingPointError) as exc:
         train(make_cfg("trainer.num_iterations=4", "trainer.checkpoint_every=1", "trainer.keep_checkpoints=0"),
-              tmp_path)
+              tmp_path / "run")
     msg = str(exc.value)
-    assert "stopped at iteration 2" in msg and "trainer.max_consecutive_faults=3" in msg and "iter_000002" in msg
-    first, last = tmp_path / "checkpoints" / "iter_000001", tmp_path / "checkpoints" / "iter_000002"
-    assert verify_checkpoint(last) is None
-    # iteration 2 made no update: its checkpoint holds the weights of iteration 1, the last good ones
-    w1, w2 = load_file(first / "policy" / "model.safetensors"), load_file(last / "policy" / "model.safetensors")
+    assert "stopped in iteration 2" in msg and "trainer.max_consecutive_faults=3" in msg and "iter_000001" in msg
+    last = tmp_path / "run" / "checkpoints" / "iter_000001"  # 1 iteration finished: resume redoes iteration 2
+    assert sorted(p.name for p in last.parent.iterdir()) == ["iter_000001"] and verify_checkpoint(last) is None
+    # iteration 2 made no update: the checkpoint holds the weights of iteration 1, the last good ones
+    monkeypatch.undo()  # (no NaN rewards in this one)
+    train(make_cfg("trainer.num_iterations=1"), tmp_path / "one")
+    w1 = load_file(tmp_path / "one" / "checkpoints" / "iter_000001" / "policy" / "model.safetensors")
+    w2 = load_file(last / "policy" / "model.safetensors")
     assert w1.keys() == w2.keys() and all(torch.equal(w1[k], w2[k]) for k in w1)
     faults = read_trainer_state(last)["faults"]
     assert faults["skipped"] == 3 and faults["consecutive"] == 0  # a resumed run gets a fresh budget

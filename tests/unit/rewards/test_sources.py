@@ -168,10 +168,29 @@ def returns_nan(prompts, completions, **_):
     return [float("nan")] * len(completions)
 
 
+def returns_str(prompts, completions, **_):
+    return "1.0"  # would be read character by character as a list
+
+
+def returns_huge(prompts, completions, **_):
+    return [1e39] * len(completions)  # finite as a Python float, inf in float32
+
+
+def calls_exit(prompts, completions, **_):
+    import sys
+
+    sys.exit(3)
+
+
 @pytest.mark.parametrize("fn, line", [
     ("raises", "on the first batch, reward function 'f' raised ValueError: boom"),
     ("wrong_length", "on the first batch, reward function 'f' returned 1 values for a batch of 3"),
-    ("returns_nan", "on the first batch, reward function 'f' returned NaN or inf (return None for 'no reward')"),
+    ("returns_nan", "on the first batch, reward function 'f' returned nan for row 0: NaN or inf in float32 (return "
+                    "None for 'no reward')"),
+    ("returns_huge", "on the first batch, reward function 'f' returned 1e+39 for row 0: NaN or inf in float32 "
+                     "(return None for 'no reward')"),
+    ("returns_str", "on the first batch, reward function 'f' must return a list of float | None, got str: 1.0"),
+    ("calls_exit", "on the first batch, reward function 'f' raised SystemExit(3) (it must return, not exit)"),
 ])
 def test_probe_gives_one_line_per_fault(fn, line):
     from rlhf_train.infra.errors import ConfigError
@@ -182,6 +201,52 @@ def test_probe_gives_one_line_per_fault(fn, line):
     with pytest.raises(ConfigError) as err:
         probe_reward_sources(sources, _texts_to_sequences(tok, TEXTS, prompt_len=2))
     assert str(err.value) == line
+
+
+def test_probe_with_empty_completions_says_so():
+    from rlhf_train.infra.errors import ConfigError
+    from rlhf_train.rewards.sources import build_reward_sources, probe_reward_sources
+
+    tok = chat_tokenizer()
+    sources = build_reward_sources(None, {"f": {"_target_": "tests.unit.rewards.test_sources.raises"}}, tok, 1)
+    seqs = _texts_to_sequences(tok, TEXTS, prompt_len=2)
+    seqs.prompt_len = seqs.full.shape[1]  # what the start-up probe passes: the prompts alone
+    with pytest.raises(ConfigError, match=r"^on the first batch \(its prompts, with empty completions\), reward "):
+        probe_reward_sources(sources, seqs)
+
+
+@pytest.mark.parametrize("weight", [float("nan"), float("inf"), "abc", None, True])
+def test_reward_weights_must_be_finite_numbers(weight):
+    from rlhf_train.infra.errors import ConfigError
+    from rlhf_train.rewards.sources import build_reward_sources
+
+    tok = chat_tokenizer()
+    entry = {"_target_": "tests.unit.rewards.test_sources.raises", "weight": weight}
+    with pytest.raises(ConfigError, match=r"^rewards.f.weight=.* is not a finite number"):
+        build_reward_sources(None, {"f": entry}, tok, 1)
+    with pytest.raises(ConfigError, match=r"^reward_model.weight=.* is not a finite number"):
+        build_reward_sources(torch.nn.Linear(1, 1), {}, tok, 1, reward_model_weight=weight)
+
+
+def test_a_reward_model_returning_nan_fails_at_start():
+    from rlhf_train.infra.errors import ConfigError
+    from rlhf_train.loop.checks import check_reward_model
+
+    class NaNModel(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.zeros(()))
+
+        def forward(self, input_ids, attention_mask):
+            return torch.zeros(input_ids.shape), torch.full(input_ids.shape[:1], float("nan"))
+
+    class Data(list):
+        def collate(self, rows):
+            return {"input_ids": torch.ones(len(rows), 3, dtype=torch.long),
+                    "attention_mask": torch.ones(len(rows), 3, dtype=torch.long)}
+
+    with pytest.raises(ConfigError, match="the reward model returned NaN or inf end scores"):
+        check_reward_model(NaNModel(), Data([0, 1]))
 
 
 def test_bad_targets_give_one_line():
@@ -199,14 +264,18 @@ _CALLS = {"n": 0}
 
 
 def fails_after_probe(prompts, completions, **_):
-    """Fine on the probe (first call), then raises on the 2nd and 3rd calls, fine afterwards."""
+    """Fine on the probe (first call), then faults on the 2nd and 3rd calls (a raise, then NaN), fine afterwards."""
     _CALLS["n"] += 1
-    if _CALLS["n"] in (2, 3):
+    if _CALLS["n"] == 2:
         raise RuntimeError("flaky verifier")
+    if _CALLS["n"] == 3:
+        return [float("nan")] * len(completions)  # a NaN later on is this function's fault too, not a 0
     return [0.5] * len(completions)
 
 
-def test_a_raising_function_later_skips_its_batch_and_a_streak_stops_the_run(tmp_path):
+def test_a_faulty_function_later_skips_its_batch_which_is_redrawn_and_a_streak_stops_the_run(tmp_path):
+    import json
+
     from rlhf_train.loop.trainer import train
     from tests.e2e.test_train import compose
 
@@ -215,11 +284,16 @@ def test_a_raising_function_later_skips_its_batch_and_a_streak_stops_the_run(tmp
             "+rewards.flaky._target_=tests.unit.rewards.test_sources.fails_after_probe"]
     _CALLS["n"] = 0
     out = train(compose([*base, "trainer.num_iterations=4", "trainer.max_consecutive_faults=3"]), run_dir=tmp_path / "a")
-    assert out["metrics"]["faults/reward_errors"] == 2  # iterations 1 and 2 skipped, 3 and 4 trained
-    assert len(out["history"]) == 2
+    assert out["metrics"]["faults/reward_errors"] == 2  # two batches skipped and redrawn ...
+    assert [h["iteration"] for h in out["history"]] == [1, 2, 3, 4]  # ... so the run never ends short
+    assert (tmp_path / "a" / "checkpoints" / "iter_000004").is_dir()
+    assert _CALLS["n"] == 1 + 2 + 4
     _CALLS["n"] = 0
     with pytest.raises(FloatingPointError, match="2 batches in a row were skipped because a reward function failed"):
         train(compose([*base, "trainer.num_iterations=4", "trainer.max_consecutive_faults=2"]), run_dir=tmp_path / "b")
+    # the fault stop's checkpoint gives whoever resumes a fresh budget (the totals are kept)
+    state = json.loads((tmp_path / "b" / "checkpoints" / "iter_000000" / "trainer_state.json").read_text())
+    assert state["faults"]["reward_errors"] == 2 and state["faults"]["reward_consecutive"] == 0
 
 
 def test_reference_pass_overlapping_a_function_gives_the_same_rollout():
