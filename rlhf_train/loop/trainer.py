@@ -29,6 +29,7 @@ from rlhf_train.core.containers import Rollout
 from rlhf_train.infra.checkpoint import save_checkpoint
 from rlhf_train.infra.distributed import full_weights, infinite_batches, main_process_run_dir, max_abs_weight, \
     reduce_metrics, weights_problem
+from rlhf_train.infra.fingerprint import model_fingerprint
 from rlhf_train.infra.logger import build_logger, redact, write_final_metrics
 from rlhf_train.infra.preemption import PREEMPTED_EXIT_CODE, PreemptionHandler
 from rlhf_train.infra.resume import load_checkpoint
@@ -134,9 +135,11 @@ def _loop(run: Run, run_dir: Path, resume_path, config_yaml: str) -> dict:
     cfg, accelerator, policy = run.cfg, run.accelerator, run.policy
     t = cfg.trainer
     state = TrainState.fresh(run.kl_controller, t.seed, accelerator.process_index, t.max_consecutive_faults)
+    # the base model as it was loaded (policy.pretrained): a resume refuses another (rlhf_train/infra/fingerprint.py)
+    base = model_fingerprint(None if OmegaConf.is_missing(cfg.policy, "pretrained") else cfg.policy.get("pretrained"))
     if resume_path is not None:
         loaded = load_checkpoint(resume_path, accelerator=accelerator, policy=policy, optimizer=run.optimizer,
-                                 scheduler=run.lr_scheduler)
+                                 scheduler=run.lr_scheduler, config_yaml=config_yaml)
         state.load_state_dict(loaded, t.seed, accelerator.process_index)
         if accelerator.is_main_process:
             log.info("[rlhf_train] resumed from %s at iteration %d (run %s)", resume_path, state.iteration, state.run_id)
@@ -157,8 +160,8 @@ def _loop(run: Run, run_dir: Path, resume_path, config_yaml: str) -> dict:
 
     def checkpoint(iteration: int):
         return save_checkpoint(run_dir, iteration, accelerator=accelerator, policy=policy, optimizer=run.optimizer,
-                               scheduler=run.lr_scheduler, trainer_state=state.state_dict(), config_yaml=config_yaml,
-                               tokenizer=run.tokenizer, keep=t.keep_checkpoints,
+                               scheduler=run.lr_scheduler, trainer_state={**state.state_dict(), "base_model": base},
+                               config_yaml=config_yaml, tokenizer=run.tokenizer, keep=t.keep_checkpoints,
                                rank_state=state.process_state_dict())  # each process's own
 
     metrics: dict = {}

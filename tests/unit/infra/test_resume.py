@@ -275,3 +275,108 @@ def test_checkpoint_weights_are_safetensors_and_pt_files_load_weights_only(tmp_p
     assert not list(path.rglob("*.bin")) and not list(path.rglob("*.pkl"))
     for pt in path.glob("*.pt"):
         torch.load(pt, weights_only=True)  # raises if anything but tensors / plain containers is inside
+
+
+# --------------------------------------------------------------------------------------------
+# what a resume may rebuild: the same base model, the same tensor shapes; machine paths do not count
+# --------------------------------------------------------------------------------------------
+# a tiny GPT-2 loaded from a dir (policy.pretrained), a 32-token tokenizer and a reward model paying a token
+BASE_DIR_RUN = ["policy.lora.r=4", "logger=none", "tokenizer._target_=tests.e2e.test_train.tiny_tokenizer",
+                "reward_model._target_=tests.e2e.test_train.TokenCountRewardModel", "data=synthetic",
+                "data.batch_size=4", "data.min_prompt_tokens=2", "data.max_prompt_tokens=4", "data.max_prompts=16"]
+
+
+def _save_base(path, seed: int, n_embd: int = 16):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(seed)
+    GPT2LMHeadModel(GPT2Config(vocab_size=32, n_layer=1, n_embd=n_embd, n_head=2, n_positions=32, eos_token_id=0,
+                               bos_token_id=0, pad_token_id=1)).save_pretrained(path)
+
+
+@pytest.mark.parametrize("lora_r", [4, 0])
+def test_resume_refuses_a_base_model_replaced_on_disk(tmp_path, lora_r):
+    """LoRA: the adapter's frozen base; full fine-tuning: the reference, a copy of the initial policy. Both
+    are rebuilt from policy.pretrained: another model of the same shape there is one line, nothing written."""
+    from rlhf_train.infra.errors import ConfigError
+    from rlhf_train.infra.resume import read_trainer_state
+    from rlhf_train.loop.trainer import train
+
+    base, run = tmp_path / "base", tmp_path / "run"
+    _save_base(base, seed=0)
+    overrides = [*BASE_DIR_RUN, f"policy.lora.r={lora_r}", f"policy.pretrained={base}"]
+    train(make_cfg(*overrides, "trainer.num_iterations=1"), run)
+    ckpt = run / "checkpoints" / "iter_000001"
+    assert read_trainer_state(ckpt)["base_model"]["files"] == {"model.safetensors": (base / "model.safetensors")
+                                                               .stat().st_size}
+    shutil.move(base, tmp_path / "original")
+    _save_base(base, seed=1)  # another model of the same shape, in its place
+    before = files_of(run)
+    for resume in ("auto", str(ckpt)):
+        with pytest.raises(ConfigError, match=r"policy\.pretrained='.*/base' is not the base model .*iter_000001 was "
+                                              r"trained on \(its weights differ .*\); .*point policy\.pretrained at "
+                                              r"the model the run started from") as e:
+            train(make_cfg(*overrides, "trainer.num_iterations=2", f"trainer.resume={resume}"), run)
+        assert "\n" not in str(e.value)
+    assert files_of(run) == before
+    shutil.rmtree(base)
+    shutil.move(tmp_path / "original", base)  # the base it was trained on, back (moved: the same bytes)
+    out = train(make_cfg(*overrides, "trainer.num_iterations=2", "trainer.resume=auto"), run)
+    assert [h["iteration"] for h in out["history"]][-1] == 2
+
+
+def test_checkpoint_without_a_base_fingerprint_still_resumes(tmp_path):
+    from rlhf_train.infra.checkpoint_files import manifest
+    from rlhf_train.infra.resume import resolve_resume
+
+    base, run = tmp_path / "base", tmp_path / "run"
+    _save_base(base, seed=0)
+    cfg = make_cfg(*BASE_DIR_RUN, f"policy.pretrained={base}", "trainer.num_iterations=1")
+    from rlhf_train.loop.trainer import train
+
+    train(cfg, run)
+    ckpt = run / "checkpoints" / "iter_000001"
+    state = json.loads((ckpt / "trainer_state.json").read_text())
+    del state["base_model"]  # as a checkpoint written without it
+    (ckpt / "trainer_state.json").write_text(json.dumps(state))
+    sizes, sums = manifest(ckpt)
+    (ckpt / "COMPLETE").write_text(json.dumps({"iteration": 1, "files": sizes, "sha256": sums}))
+    _save_base(base, seed=1)
+    config_yaml = (ckpt / "config.yaml").read_text()
+    assert resolve_resume("auto", run, config_yaml) == ckpt  # nothing recorded: nothing compared
+
+
+@pytest.mark.parametrize("change, key", [
+    ("policy.lora.r=8", r"policy\.lora\.r: 4 in the checkpoint, 8 now"),
+    ("policy.lora.target_modules=[c_attn]", r"policy\.lora\.target_modules: all-linear in the checkpoint, "
+                                            r"\['c_attn'\] now"),
+    ("policy.config.n_layer=1", r"policy\.config\.n_layer: 2 in the checkpoint, 1 now"),
+])
+def test_resume_from_a_path_with_other_tensor_shapes_is_one_line(tmp_path, capsys, change, key):
+    from rlhf_train.infra.errors import ConfigError
+    from rlhf_train.loop.trainer import train
+
+    lora = ["policy.lora.r=4", "logger=none"]
+    train(make_cfg(*lora, "trainer.num_iterations=1"), tmp_path / "a")
+    ckpt = tmp_path / "a" / "checkpoints" / "iter_000001"
+    with pytest.raises(ConfigError, match=rf"checkpoint '.*iter_000001' does not fit the model this config builds "
+                                          rf"\(the config differs in {key}\): .*tensor .*; resume with the checkpoint's") as e:
+        train(make_cfg(*lora, "trainer.num_iterations=2", f"trainer.resume={ckpt}", change), tmp_path / "b")
+    assert "\n" not in str(e.value)
+    assert not (tmp_path / "b" / "checkpoints").exists()
+
+
+def test_resume_auto_ignores_where_the_cache_is_but_not_a_real_change(tmp_path, monkeypatch):
+    """The cache location (RLHF_TRAIN_CACHE) is this machine's, not the run's: paths under it compare by their
+    place in it (the smoke recipe's tokenizer.cache_dir)."""
+    from rlhf_train.infra.errors import ConfigError
+    from rlhf_train.loop.trainer import train
+
+    monkeypatch.setenv("RLHF_TRAIN_CACHE", str(tmp_path / "cache_a"))
+    train(make_cfg("logger=none", "trainer.num_iterations=1"), tmp_path / "run")
+    monkeypatch.setenv("RLHF_TRAIN_CACHE", str(tmp_path / "cache_b"))
+    with pytest.raises(ConfigError, match=r"another config \(trainer\.seed: 0 in the checkpoint, 1 now\)"):
+        train(make_cfg("logger=none", "trainer.num_iterations=2", "trainer.resume=auto", "trainer.seed=1"),
+              tmp_path / "run")
+    out = train(make_cfg("logger=none", "trainer.num_iterations=2", "trainer.resume=auto"), tmp_path / "run")
+    assert [h["iteration"] for h in out["history"]][-1] == 2
