@@ -14,7 +14,6 @@ the fix, before any work starts (or, for what needs the built objects, before th
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 
 import torch
@@ -24,8 +23,7 @@ from rlhf_train.infra.errors import ConfigError
 
 UNCHECKED_SECTIONS = ("logger",)  # W&B settings may be passed through (and +logger.api_key is redacted)
 MIXED_PRECISION = (None, "no", "fp16", "bf16", "fp8")
-WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
-                "pytorch_model.bin.index.json", "adapter_model.safetensors")
+REWARD_MODEL_FACTORY = "rlhf_train.models.reward_model.build_reward_model"  # a rewards.<name> entry's model
 
 
 def check_config(cfg: DictConfig) -> None:
@@ -198,20 +196,19 @@ def check_model_dirs(cfg: DictConfig) -> None:
             key = "n_head" if "n_head" in arch else "num_attention_heads"
             raise ConfigError(f"{group}.config.{key}={heads} does not divide the width {width}; choose a divisor")
         pretrained = node.get("pretrained") if not OmegaConf.is_missing(node, "pretrained") else None
-        if group == "reward_model" or not pretrained or not Path(str(pretrained)).expanduser().is_dir():
-            continue  # a Hub name is checked when it loads; reward-model dirs have their own layout
-        path = Path(str(pretrained)).expanduser()
-        try:
-            json.loads((path / "config.json").read_text())
-        except FileNotFoundError:
-            raise ConfigError(f"{group}.pretrained='{pretrained}' has no config.json; point it at a saved model "
-                              f"dir (save_pretrained)") from None
-        except (ValueError, OSError) as err:
-            raise ConfigError(f"{group}.pretrained='{pretrained}': its config.json is corrupt ({type(err).__name__}); "
-                              f"point it at an intact model dir") from None
-        if not any((path / name).is_file() for name in WEIGHT_FILES):
-            raise ConfigError(f"{group}.pretrained='{pretrained}' holds no weights (none of {', '.join(WEIGHT_FILES[:3])}"
-                              f", ...); point it at a saved model dir")
+        _check_dir(pretrained, f"{group}.pretrained", node)
+    for name, entry in (cfg.get("rewards") or {}).items():  # reward models listed under rewards.<name>
+        if OmegaConf.is_dict(entry) and entry.get("_target_") == REWARD_MODEL_FACTORY:
+            _check_dir(entry.get("pretrained"), f"rewards.{name}.pretrained", entry)
+
+
+def _check_dir(pretrained, key: str, node) -> None:
+    """A local model dir that cannot load (a Hub name is checked when it loads): one line naming ``key``."""
+    from rlhf_train.models.model_dirs import check_model_dir
+
+    if pretrained and Path(str(pretrained)).expanduser().is_dir():
+        check_model_dir(str(Path(str(pretrained)).expanduser()), key, str(pretrained),
+                        bool(node.get("trust_remote_code", False)))
 
 
 def check_stack(cfg: DictConfig) -> None:

@@ -102,9 +102,15 @@ def build_causal_lm(
                                            "attention_dropout", "hidden_dropout")}
         from transformers import AutoConfig
 
-        cfg = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
-        kwargs = {k: v for k, v in kwargs.items() if hasattr(cfg, k)}
-        model = AutoModelForCausalLM.from_pretrained(path, trust_remote_code=trust_remote_code, **kwargs)
+        from rlhf_train.models.model_dirs import check_finite, check_model_dir, load_errors
+
+        if os.path.isdir(path):  # a damaged dir: one line naming the key, not transformers' traceback
+            check_model_dir(path, override_key, str(pretrained), trust_remote_code)
+        with load_errors(override_key, str(pretrained)):
+            cfg = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+            kwargs = {k: v for k, v in kwargs.items() if hasattr(cfg, k)}
+            model = AutoModelForCausalLM.from_pretrained(path, trust_remote_code=trust_remote_code, **kwargs)
+        check_finite(model, path, override_key, str(pretrained))
     else:
         cfg_kwargs = dict(config or {})
         if tokenizer is not None:

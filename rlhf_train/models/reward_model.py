@@ -25,6 +25,7 @@ from rlhf_train.models.hf_reward_model import (
     load_sequence_classifier,
 )
 from rlhf_train.models.loading import build_causal_lm, check_loadable
+from rlhf_train.models.model_dirs import check_finite, check_model_dir, load_errors
 
 
 # --------------------------------------------------------------------------------------------
@@ -200,19 +201,28 @@ def build_reward_model(
     named in errors. ``weight`` (``reward_model.weight``) is the source's weight in the sum, read by the loop."""
     if pretrained:
         path = check_loadable(pretrained, override, "reward model")
+        # a damaged dir (config.json, weights, custom code): one line naming the key, as for policy.pretrained
+        check_model_dir(path, override, str(pretrained), trust_remote_code)
         if os.path.exists(os.path.join(path, REENCODING_MARKER)):
             if tokenizer is None:
                 raise ConfigError(f"the reward model in '{path}' re-encodes text: it needs the policy tokenizer")
-            rm = ReencodingRewardModel.from_pretrained(path, tokenizer)
+            with load_errors(override, str(pretrained)):
+                rm = ReencodingRewardModel.from_pretrained(path, tokenizer)
         elif os.path.exists(os.path.join(path, REWARD_HEAD_FILE)):
-            rm = RewardModel.from_pretrained(path)
+            with load_errors(override, str(pretrained)):
+                rm = RewardModel.from_pretrained(path)
         elif is_sequence_classifier_dir(path):  # HF's standard format, with its trained head
-            rm = load_sequence_classifier(path, tokenizer, trust_remote_code, override)
+            with load_errors(override, str(pretrained)):
+                rm = load_sequence_classifier(path, tokenizer, trust_remote_code, override)
         else:  # a bare trunk: a random head would silently turn training into optimising noise
             raise ConfigError(
                 f"{override}={pretrained} has no trained reward head: it is neither an "
                 f"AutoModelForSequenceClassification dir with one label (what TRL's RewardTrainer writes) nor a "
                 f"RewardModel dir with {REWARD_HEAD_FILE}; train one (stage=rm) or point at a reward model")
+        head = getattr(rm, "head", None)  # rlhf_train's layouts: the head comes from REWARD_HEAD_FILE
+        if head is not None and os.path.exists(os.path.join(path, REWARD_HEAD_FILE)):
+            check_finite(head, path, override, str(pretrained), REWARD_HEAD_FILE)
+        check_finite(rm, path, override, str(pretrained))
     else:
         lm = build_causal_lm(None, config, tokenizer, False, 0.0)
         rm = RewardModel(lm.base_model, lm.config.hidden_size)
