@@ -72,6 +72,7 @@ def apply_lora(lm: nn.Module, lora: Any, gradient_checkpointing: bool = False, k
     from peft import LoraConfig, get_peft_model
     from transformers.pytorch_utils import Conv1D
 
+    check_targets(lm, settings, key)
     # GPT-2's Conv1D stores its weight transposed: peft must know (it would set it, with a warning)
     fan_in_fan_out = any(isinstance(m, Conv1D) for m in lm.modules())
     config = LoraConfig(r=settings["r"], lora_alpha=settings["alpha"], lora_dropout=settings["dropout"],
@@ -88,6 +89,49 @@ def apply_lora(lm: nn.Module, lora: Any, gradient_checkpointing: bool = False, k
     if gradient_checkpointing:
         model.enable_input_require_grads()  # checkpointed blocks need an input that requires grad
     return model
+
+
+def _linear_layers(lm: nn.Module) -> dict[str, tuple[int, int]]:
+    """``{module name: (in features, out features)}`` of every linear layer (``nn.Linear``, GPT-2's ``Conv1D``)."""
+    from transformers.pytorch_utils import Conv1D
+
+    out = {}
+    for name, m in lm.named_modules():
+        if isinstance(m, nn.Linear):
+            out[name] = (m.in_features, m.out_features)
+        elif isinstance(m, Conv1D):  # weight [in, out]
+            out[name] = tuple(m.weight.shape)
+    return out
+
+
+def check_targets(lm: nn.Module, settings: dict, key: str = "policy.lora") -> None:
+    """Before any adapter is built: every name in a ``target_modules`` list matches a module (peft refuses
+    only a list that matches nothing, and silently skips the names that match nothing), and ``r`` is at most
+    the width of every adapted layer (an adapter ``B A`` on a layer of width ``d`` has rank at most ``d``:
+    a larger ``r`` only costs memory). One :class:`ConfigError` naming the key, listing the model's linear
+    layers. The matching is peft's: a name matches a module whose name is it or ends with ``.<name>``."""
+    import re
+
+    linear, target = _linear_layers(lm), settings["target_modules"]
+    if isinstance(target, list):
+        names = [n for n, _ in lm.named_modules()]
+        unknown = [t for t in target if not any(n == t or n.endswith("." + t) for n in names)]
+        if unknown:
+            available = sorted({n.rsplit(".", 1)[-1] for n in linear})
+            raise ConfigError(f"{key}.target_modules: {', '.join(unknown)} match no module of this model; its linear "
+                              f"layers are {', '.join(available)} (or use all-linear)")
+        adapted = {n: w for n, w in linear.items() if any(n == t or n.endswith("." + t) for t in target)}
+    elif target == "all-linear":  # peft leaves the output layer out
+        head = lm.get_output_embeddings() if hasattr(lm, "get_output_embeddings") else None
+        adapted = {n: w for n, w in linear.items() if lm.get_submodule(n) is not head}
+    else:  # a regular expression over the full module names (peft: re.fullmatch)
+        adapted = {n: w for n, w in linear.items() if re.fullmatch(target, n)}
+    if adapted:
+        name, (d_in, d_out) = min(adapted.items(), key=lambda item: min(item[1]))
+        if settings["r"] > min(d_in, d_out):
+            raise ConfigError(f"{key}.r={settings['r']} exceeds the width of the adapted layer {name} ({d_in} in, "
+                              f"{d_out} out): its adapter has rank at most {min(d_in, d_out)}; choose "
+                              f"{key}.r <= {min(d_in, d_out)}")
 
 
 def adapter_disabled(fn: Callable, lm: nn.Module) -> Callable:

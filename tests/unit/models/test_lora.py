@@ -165,7 +165,7 @@ def test_lora_checkpoint_into_full_finetuning_is_one_line(tmp_path):
     ("policy.lora.r=-1", r"policy\.lora\.r=-1 must be >= 0"),
     ("policy.lora.alpha=0", r"policy\.lora\.alpha=0 must be positive"),
     ("policy.lora.dropout=1.5", r"policy\.lora\.dropout=1\.5 must be in \[0, 1\)"),
-    ("policy.lora.target_modules=[nope]", r"policy\.lora\.target_modules=\['nope'\] does not fit this model"),
+    ("policy.lora.target_modules=[nope]", r"policy\.lora\.target_modules: nope match no module of this model"),
     ("ref_model.ray_service.enabled=true", r"ray_service\.enabled=true: with policy\.lora\.r>0"),
 ])
 def test_bad_lora_settings_are_one_line(override, message):
@@ -177,6 +177,27 @@ def test_bad_lora_settings_are_one_line(override, message):
     with pytest.raises(ConfigError, match=message):
         check_config(cfg)  # before any work
         build_policy(config={"n_layer": 1, "n_embd": 16, "n_head": 2, "vocab_size": 32}, lora=cfg.policy.lora)
+
+
+@pytest.mark.parametrize("lora, message", [
+    # peft refuses a list that matches nothing, but skips a name that matches nothing beside one that does
+    ({"r": 4, "target_modules": ["c_attn", "nonexistent"]},
+     r"policy\.lora\.target_modules: nonexistent match no module of this model; its linear layers are c_attn, "
+     r"c_fc, c_proj, lm_head \(or use all-linear\)$"),
+    # an adapter B A on a layer of width 16 has rank <= 16: a larger r is memory for nothing
+    ({"r": 17}, r"policy\.lora\.r=17 exceeds the width of the adapted layer transformer\.h\.0\.attn\.c_attn \(16 in, "
+                r"48 out\): its adapter has rank at most 16; choose policy\.lora\.r <= 16$"),
+    ({"r": 17, "target_modules": ["c_fc"]}, r"policy\.lora\.r=17 exceeds the width of the adapted layer "
+                                            r"transformer\.h\.0\.mlp\.c_fc \(16 in, 64 out\)"),
+])
+def test_lora_names_and_rank_must_fit_the_model(lora, message):
+    from rlhf_train.infra.errors import ConfigError
+    from rlhf_train.models.policy import build_policy
+
+    tiny = {"n_layer": 1, "n_embd": 16, "n_head": 2, "vocab_size": 32}
+    with pytest.raises(ConfigError, match=message):
+        build_policy(config=tiny, lora=lora)
+    build_policy(config=tiny, lora={**lora, "r": 16, "target_modules": ["c_attn", "c_fc"]})  # what fits, builds
 
 
 def test_sft_stage_trains_a_lora_adapter_and_saves_the_merged_model(tmp_path):
