@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import os
 import socket
 import sys
@@ -71,7 +72,7 @@ class CSVLogger(NullLogger):
     def log_samples(self, rows: list[dict], step: int) -> None:
         with open(self.samples_path, "a") as f:
             for r in rows:
-                f.write(json.dumps({"iteration": step, **r}) + "\n")
+                f.write(json.dumps(finite_json({"iteration": step, **r}), allow_nan=False) + "\n")
 
 
 def _sample_iteration(line: str) -> int:
@@ -269,6 +270,20 @@ def wandb_names(task_name: str | None = None) -> tuple[str | None, str | None]:
     return group, redact_overrides(hc.job.override_dirname) or f"job{hc.job.num}"
 
 
+def finite_json(obj: Any) -> Any:
+    """``obj`` as JSON can hold it: a NaN or ±inf as ``None`` (``null``; Python's bare ``NaN`` / ``Infinity``
+    are not JSON, and ``jq``, JavaScript and most JSON readers refuse them), a tensor / numpy number as
+    ``float``."""
+    if isinstance(obj, dict):
+        return {k: finite_json(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [finite_json(v) for v in obj]
+    if obj is None or isinstance(obj, (bool, int, str)):
+        return obj
+    value = float(obj)  # a float, or a 0-d tensor / numpy number (anything else: TypeError, as json would)
+    return value if math.isfinite(value) else None
+
+
 def write_final_metrics(run_dir: str | Path, metrics: dict, history: list[dict]) -> None:
     """``final_metrics.json``: the last iteration's metrics and the per-iteration history (for sweeps)."""
     path = Path(run_dir) / "final_metrics.json"
@@ -282,6 +297,6 @@ def write_final_metrics(run_dir: str | Path, metrics: dict, history: list[dict])
         history = [h for h in old.get("history", []) if h.get("iteration", 0) < first] + list(history)
         metrics = metrics or old.get("metrics", {})
     tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps({"iteration": history[-1]["iteration"] if history else 0,
-                               "metrics": metrics, "history": history}, default=float))
+    tmp.write_text(json.dumps(finite_json({"iteration": history[-1]["iteration"] if history else 0,
+                                           "metrics": metrics, "history": history}), allow_nan=False))
     os.replace(tmp, path)

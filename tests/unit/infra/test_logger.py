@@ -89,3 +89,27 @@ def test_wandb_logger_prints_the_reason_and_passes_the_mode(tmp_path, probes, mo
     assert out == [(f"[rlhf_train] W&B: WANDB_MODE=offline is set: logging offline to {tmp_path}/wandb; "
                     f"`wandb sync {tmp_path}/wandb/offline-run-*` uploads it later")]
     assert calls[-1]["mode"] == "offline" and calls[-1]["dir"] == str(tmp_path)
+
+
+def test_final_metrics_and_samples_are_valid_json_with_null_for_non_finite(tmp_path):
+    """NaN / inf (a skipped update's loss, a reward that overflowed) are written as null: bare NaN / Infinity
+    are not JSON (strict readers: jq, JavaScript, json.loads with parse_constant)."""
+    import json
+
+    import torch
+
+    def strict(text):
+        def refuse(name):
+            raise ValueError(f"not JSON: {name}")
+        return json.loads(text, parse_constant=refuse)
+
+    metrics = {"loss": float("nan"), "kl": float("inf"), "score": torch.tensor(-float("inf")), "lr": 1e-4}
+    lg.write_final_metrics(tmp_path, metrics, [{"iteration": 1, **metrics}])
+    written = strict((tmp_path / "final_metrics.json").read_text())
+    assert written["metrics"] == {"loss": None, "kl": None, "score": None, "lr": 1e-4}
+    assert written["history"] == [{"iteration": 1, "loss": None, "kl": None, "score": None, "lr": 1e-4}]
+    lg.write_final_metrics(tmp_path, {"loss": 0.5}, [{"iteration": 2, "loss": 0.5}])  # a resume extends it
+    assert [h["iteration"] for h in strict((tmp_path / "final_metrics.json").read_text())["history"]] == [1, 2]
+    csv_logger = lg.CSVLogger(tmp_path)
+    csv_logger.log_samples([{"prompt": "a", "response": "b", "score": float("nan")}], 3)
+    assert strict((tmp_path / "samples.jsonl").read_text())["score"] is None
