@@ -336,7 +336,10 @@ def register_configs() -> None:
     OmegaConf.register_new_resolver("launch_time", launch_time, use_cache=True, replace=True)
     from rlhf_train.infra.secrets import dirname_overrides
 
-    OmegaConf.register_new_resolver("dirname_overrides", dirname_overrides, replace=True)  # hydra.sweep.subdir
+    OmegaConf.register_new_resolver("dirname_overrides", dirname_overrides, replace=True)
+    from rlhf_train.pipeline.sweep import job_dirname
+
+    OmegaConf.register_new_resolver("job_dirname", job_dirname, replace=True)  # hydra.sweep.subdir
     cs = ConfigStore.instance()
     cs.store(name="config_schema", node=Config)
     cs.store(group="tokenizer", name="pretrained_schema", node=PretrainedTokenizerSchema)

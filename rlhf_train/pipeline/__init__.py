@@ -2,7 +2,8 @@
 
 ``stages`` dispatches on ``cfg.stage``; ``run`` chains the stages with a content-keyed stage cache
 (``cache``); ``sft`` and ``reward_training`` train the SFT policy and the reward model; ``evaluate``
-compares the policy before and after the RL stage; ``sweep`` writes the report of a Hydra multirun.
+compares the policy before and after the RL stage; ``sweep`` writes the report of a Hydra multirun
+(its figure: ``sweep_figure``).
 
 May import: every layer up to ``rlhf_train.loop``.
 """

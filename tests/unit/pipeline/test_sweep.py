@@ -143,3 +143,92 @@ def test_wandb_group_and_name_in_multirun(tmp_path, monkeypatch):
         assert (calls[-1]["group"], calls[-1]["name"]) == ("mine", "run1")
     finally:
         HydraConfig.instance().cfg = None
+
+
+# ------------------------------------------------------------------ nothing lost, nothing silent
+def test_job_dirname_is_short_and_safe():
+    from rlhf_train.pipeline.sweep import JOB_DIRNAME_CHARS, job_dirname
+
+    name = job_dirname("cache_dir=/data/my cache,+logger.api_key=s3cr3t,data.dataset=/srv/ds/é," + "x=" + "v" * 500)
+    assert name.startswith("cache_dir=_data_my_cache,data.dataset=_srv_ds_,x=vvv") and len(name) == JOB_DIRNAME_CHARS
+    assert "s3cr3t" not in name and "api_key" not in name  # secret overrides stay out of dir names
+    assert job_dirname("kl_controller.kl_coef=0.1,kl_controller.target=3") == "kl_controller.kl_coef=0.1,kl_controller.target=3"
+
+
+def test_report_finds_job_dirs_at_any_depth_but_not_runs_nested_in_a_job(tmp_path):
+    # a `hydra.sweep.subdir` that nests (as `/` in an override value did); a pipeline's own run inside job 1
+    _fake_job(tmp_path / "0_cache_dir=" / "data" / "c", 0, ["cache_dir=/data/c", "seed=1"], status="failed")
+    _fake_job(tmp_path, 1, ["cache_dir=/data/c", "seed=2"])
+    _fake_job(tmp_path / "1_job" / "rl", 7, ["stage=rl"])
+    rows, keys = collect_rows(tmp_path, ["seed"])
+    assert [(r["job"], r["seed"], r["status"]) for r in rows] == [(0, "1", "failed"), (1, "2", "completed")]
+    assert rows[0]["overrides"] == "cache_dir=/data/c seed=1"
+
+
+def _hydra_config(tmp_path: Path, num: int = 0):
+    from hydra.conf import HydraConf
+    from hydra.types import RunMode
+
+    hc = OmegaConf.create({"hydra": OmegaConf.structured(HydraConf)})
+    hc.hydra.mode = RunMode.MULTIRUN
+    hc.hydra.sweep.dir = str(tmp_path)
+    hc.hydra.job.num = num
+    hc.hydra.job.override_dirname = "seed=1"
+    hc.hydra.runtime.output_dir = str(tmp_path / f"{num}_job")
+    hc.hydra.overrides.task = ["+recipe=smoke", "seed=1,2"]
+    return hc
+
+
+def test_run_job_catches_any_base_exception_but_stops_the_sweep_when_preempted(tmp_path):
+    from hydra.core.hydra_config import HydraConfig
+
+    from rlhf_train.pipeline.sweep import JobFailed, run_job
+
+    hc = _hydra_config(tmp_path)
+    (tmp_path / "0_job").mkdir()
+    try:
+        HydraConfig.instance().set_config(hc)
+        assert run_job(lambda cfg: sys.exit(0), OmegaConf.create({})) == JobFailed("SystemExit: 0")  # next job runs
+        assert run_job(lambda cfg: 3, OmegaConf.create({})) == 3
+        with pytest.raises(SystemExit) as stopped:  # preempted: the sweep stops, the job's status is kept
+            run_job(lambda cfg: sys.exit(143), OmegaConf.create({}))
+        assert stopped.value.code == 143
+        status = json.loads((tmp_path / "0_job" / "job_status.json").read_text())
+        assert (status["status"], status["error"]) == ("failed", "SystemExit: 143")
+    finally:
+        HydraConfig.instance().cfg = None
+
+
+def test_a_sweep_that_stops_early_still_gets_its_report(tmp_path):
+    import atexit
+
+    from rlhf_train.pipeline.sweep import SweepReportCallback
+
+    cb = SweepReportCallback()
+    cb.on_multirun_start(_hydra_config(tmp_path))
+    try:
+        _fake_job(tmp_path, 0, ["+recipe=smoke", "seed=1"])
+        (tmp_path / "1_job" / ".hydra").mkdir(parents=True)  # job 1 had started when the sweep was stopped
+        OmegaConf.save({"hydra": {"job": {"num": 1}, "overrides": {"task": ["+recipe=smoke", "seed=2"]}}},
+                       tmp_path / "1_job" / ".hydra" / "hydra.yaml")
+        cb._report_unfinished()  # what atexit calls when the sweep ends before on_multirun_end
+        assert [(r["job"], r["seed"], r["status"]) for r in _rows(tmp_path)] == [("0", "1", "completed"), ("1", "2", "failed")]
+        assert "sweep stopped" in _rows(tmp_path)[1]["error"]
+    finally:
+        atexit.unregister(cb._report_unfinished)
+
+
+def test_sweep_report_tool_writes_the_report_of_a_killed_sweep(tmp_path, capsys):
+    from rlhf_train.tools.sweep_report import main
+
+    OmegaConf.save({"hydra": {"overrides": {"task": ["+recipe=smoke", "seed=1,2"]}}}, tmp_path / "multirun.yaml")
+    _fake_job(tmp_path, 0, ["+recipe=smoke", "seed=1"])
+    (tmp_path / "1_job" / ".hydra").mkdir(parents=True)  # killed (SIGKILL) while job 1 ran: no job_status.json
+    OmegaConf.save({"hydra": {"job": {"num": 1}, "overrides": {"task": ["+recipe=smoke", "seed=2"]}}},
+                   tmp_path / "1_job" / ".hydra" / "hydra.yaml")
+    assert main([str(tmp_path)]) == 1
+    assert [(r["job"], r["seed"], r["status"]) for r in _rows(tmp_path)] == [("0", "1", "completed"), ("1", "2", "failed")]
+    capsys.readouterr()
+    assert main([str(tmp_path / "1_job")]) == 2  # not a sweep dir: one line
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("Error: ") and "multirun.yaml" in err[0]
