@@ -4,7 +4,8 @@
 quick check that the Hub is reachable or the name is in the local cache, instead of ``datasets``' ~25 s of
 retries offline). :func:`load_any`: also a single ``.json`` / ``.jsonl`` / ``.csv`` / ``.parquet`` file or a
 dir of them, and whether the result came with splits. :func:`holdout`: a dataset without splits keeps its
-last rows out of training for the evaluation's split. Bad input is one ``ConfigError`` line.
+last rows out of training for the evaluation's split. Bad input is one ``ConfigError`` line. Local files are
+read into memory (:func:`load_in_memory`): no Arrow copy of them is left in ``datasets``' cache.
 """
 from __future__ import annotations
 
@@ -37,6 +38,21 @@ def _in_datasets_cache(name: str) -> bool:
     return os.path.isdir(os.path.join(cache, name.replace("/", "___")))
 
 
+def load_in_memory(*args, **kwargs):
+    """``datasets.load_dataset`` of local data, kept in memory, leaving no copy of the data on disk.
+
+    ``datasets`` converts local files to Arrow under its cache (``~/.cache/huggingface/datasets``), a lasting
+    copy of the user's data outside the run dir and the project's cache. Here its cache is a private scratch
+    dir (mode 0700, in the system temp dir, ``TMPDIR``) removed before this returns, also on error: the same
+    parsing, types and errors as ``datasets``' own, and the rows in memory."""
+    import tempfile
+
+    import datasets
+
+    with tempfile.TemporaryDirectory(prefix="rlhf_train-data-") as scratch:
+        return datasets.load_dataset(*args, cache_dir=scratch, keep_in_memory=True, **kwargs)
+
+
 def load_hf_dataset(name: str, split: str):
     """``datasets.load_dataset`` (or ``load_from_disk`` for a saved dir) that fails fast when offline."""
     import datasets
@@ -47,7 +63,7 @@ def load_hf_dataset(name: str, split: str):
     if os.path.isdir(path) and os.path.exists(os.path.join(path, "dataset_dict.json")):
         return datasets.load_from_disk(path)[split]
     if os.path.exists(path):
-        return datasets.load_dataset(path, split=split)
+        return load_in_memory(path, split=split)
     if not _hub_reachable() and not _in_datasets_cache(name):
         raise ConfigError(
             f"cannot load dataset '{name}' (split '{split}'): no network and not in the local datasets cache. "
@@ -94,10 +110,8 @@ def load_any(dataset: str, split: str, key: str = "data.dataset"):
 
 
 def _read_files(fmt: str, files, dataset: str, key: str):
-    import datasets
-
     try:
-        return datasets.load_dataset(fmt, data_files=files, split="train")
+        return load_in_memory(fmt, data_files=files, split="train")
     except Exception as err:  # an empty file, a malformed row, ...
         if "no data" in str(err):
             raise ConfigError(f"{key}={dataset} has no rows") from None
