@@ -232,3 +232,12 @@ def test_sweep_report_tool_writes_the_report_of_a_killed_sweep(tmp_path, capsys)
     assert main([str(tmp_path / "1_job")]) == 2  # not a sweep dir: one line
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("Error: ") and "multirun.yaml" in err[0]
+
+
+def test_report_reads_a_null_metric_as_missing(tmp_path):
+    """final_metrics.json writes a NaN / inf metric as null (valid JSON): the report shows it as an empty cell."""
+    _fake_job(tmp_path, 0, ["+recipe=smoke", "kl_controller.kl_coef=0.1"])
+    hist = [{"iteration": 1, "objective/reward_raw": float("nan"), "objective/kl": float("inf")}]
+    write_final_metrics(tmp_path / "0_job", hist[-1], hist)
+    rows, _ = collect_rows(tmp_path, swept_keys(["+recipe=smoke", "kl_controller.kl_coef=0.1"]))
+    assert math.isnan(rows[0]["objective/reward_raw"]) and math.isnan(rows[0]["_history"][0]["objective/kl"])
