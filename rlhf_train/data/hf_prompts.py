@@ -16,6 +16,11 @@ left (``data.truncation``), with the count logged. Each batch is left-padded to 
 dataset without splits holds out its last ``data.eval_holdout`` rows (split ``train`` is the rest, any other
 split those rows; logged), so the pipeline's evaluation never sees training prompts. Bad input (a missing file or column, an empty dataset,
 a chat column and a tokenizer with no chat template) is one ``ConfigError`` line before training.
+
+Text or chat is decided from every row of the column, held-out rows included (:mod:`rlhf_train.data.rows`);
+an invalid row (null, empty, an empty message list, a message without a role or with content that is not a
+string) is one line naming its file and line. :func:`read_prompts` is the half that needs no tokenizer: the
+pre-flight (:func:`rlhf_train.data.checks.check_data`) runs it before any model is built.
 """
 from __future__ import annotations
 
@@ -25,13 +30,12 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset
 
+from rlhf_train.data.files import row_location, source_files
 from rlhf_train.data.loading import holdout, load_any
+from rlhf_train.data.rows import prompt_kind
 from rlhf_train.infra.errors import ConfigError
 
 log = logging.getLogger(__name__)
-
-def _is_chat(value: Any) -> bool:
-    return isinstance(value, (list, tuple)) and len(value) > 0 and all(isinstance(m, dict) and "content" in m for m in value)
 
 
 class HFPromptDataset(Dataset):
@@ -67,42 +71,64 @@ class HFPromptDataset(Dataset):
                 "columns": {k: [it["columns"][k] for it in items] for k in items[0]["columns"]}}
 
 
-def hf_prompts(tokenizer, dataset: str, split: str = "train", prompt_column: str | None = None,
-               text_as_chat: bool = False, max_prompt_tokens: int = 256, truncation: str = "drop",
-               max_prompts: int | None = None, seed: int = 0, shuffle: bool = False,
-               eval_holdout: int = 64) -> HFPromptDataset:
-    """The ``data=prompts`` dataset; see the module docstring (each argument is a ``data.*`` key)."""
+def read_prompts(dataset: str, split: str = "train", prompt_column: str | None = None, max_prompt_tokens: int = 256,
+                 truncation: str = "drop", max_prompts: int | None = None):
+    """What needs no tokenizer: the arguments, the data read, its prompt column and every row of it checked.
+    Returns ``(ds, has_splits, column, chat, where)``; ``where(i)`` names row ``i``'s file and line."""
     if truncation not in ("drop", "left"):
         raise ConfigError(f"data.truncation={truncation} is not valid; choose drop or left")
     if max_prompt_tokens is None or max_prompt_tokens <= 0:
         raise ConfigError(f"data.max_prompt_tokens={max_prompt_tokens} must be positive")
+    if max_prompts is not None and int(max_prompts) <= 0:
+        raise ConfigError(f"data.max_prompts={max_prompts} must be positive (or null: every prompt)")
     ds, has_splits = load_any(dataset, split)
-    ds = holdout(ds, has_splits, split, eval_holdout)
-    if len(ds) == 0:
-        raise ConfigError(f"data.dataset={dataset} (split '{split}') has no rows")
     cols = ds.column_names
     column = prompt_column or ("prompt" if "prompt" in cols else "messages" if "messages" in cols else None)
     if column not in cols:
         raise ConfigError(f"data.dataset={dataset} has no column '{prompt_column or 'prompt'}' (has {cols}); "
                           f"set data.prompt_column")
+    files = source_files(dataset)
+
+    def where(i: int) -> tuple[str | None, str]:
+        return row_location(files, i, split)
+
+    return ds, has_splits, column, prompt_kind(ds, column, where, f"data.dataset={dataset}"), where
+
+
+def hf_prompts(tokenizer, dataset: str, split: str = "train", prompt_column: str | None = None,
+               text_as_chat: bool = False, max_prompt_tokens: int = 256, truncation: str = "drop",
+               max_prompts: int | None = None, seed: int = 0, shuffle: bool = False,
+               eval_holdout: int = 64) -> HFPromptDataset:
+    """The ``data=prompts`` dataset; see the module docstring (each argument is a ``data.*`` key)."""
+    source, has_splits, column, chat, where = read_prompts(dataset, split, prompt_column, max_prompt_tokens,
+                                                           truncation, max_prompts)
+    ds = holdout(source, has_splits, split, eval_holdout)
+    if len(ds) == 0:
+        raise ConfigError(f"data.dataset={dataset} (split '{split}') has no rows")
+    cols = ds.column_names
     if shuffle:
         ds = ds.shuffle(seed=seed)
     if max_prompts is not None:
         ds = ds.select(range(min(len(ds), int(max_prompts))))
     values = list(ds[column])
-    chat = _is_chat(values[0])
     if chat or text_as_chat:
         if not getattr(tokenizer, "chat_template", None):
             raise ConfigError(f"data.prompt_column={column} holds chat messages but the tokenizer has no chat "
                               f"template; use the model's own tokenizer (tokenizer.pretrained) or plain text prompts")
         messages = values if chat else [[{"role": "user", "content": str(v)}] for v in values]
-        if not all(_is_chat(m) for m in messages):
-            raise ConfigError(f"data.prompt_column={column}: every row must be a list of {{role, content}} messages")
         ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True)["input_ids"]
         text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     else:
         messages, text = None, [str(v) for v in values]
         ids = tokenizer(text)["input_ids"]
+    empty = [i for i, row in enumerate(ids) if len(row) == 0]
+    if empty:  # a row of only characters the tokenizer drops: name the first source row holding that prompt
+        row = next(i for i, v in enumerate(source[column]) if v == values[empty[0]])
+        path, place = where(row)
+        more = f" (and {len(empty) - 1} more)" if len(empty) > 1 else ""
+        raise ConfigError(f"data.dataset={dataset}: {f'{path} ' if path else ''}{place}: data.prompt_column={column} "
+                          f"has no tokens{more} (the tokenizer drops every character of it); give the row words "
+                          f"the tokenizer knows or remove it")
     columns = {c: list(ds[c]) for c in cols if c != column}
     if messages is not None:
         columns["messages"] = messages

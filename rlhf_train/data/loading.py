@@ -12,6 +12,8 @@ from __future__ import annotations
 import logging
 import os
 
+from rlhf_train.data.files import FORMATS as _FORMATS
+from rlhf_train.data.files import check_files, data_files, json_error
 from rlhf_train.infra.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -63,7 +65,11 @@ def load_hf_dataset(name: str, split: str):
     if os.path.isdir(path) and os.path.exists(os.path.join(path, "dataset_dict.json")):
         return datasets.load_from_disk(path)[split]
     if os.path.exists(path):
-        return load_in_memory(path, split=split)
+        try:
+            return load_in_memory(path, split=split)
+        except Exception as err:  # e.g. a dir with no data files datasets can read
+            raise ConfigError(f"cannot load dataset '{name}' (split '{split}'): {type(err).__name__}: "
+                              f"{str(err)[:200]}") from None
     if not _hub_reachable() and not _in_datasets_cache(name):
         raise ConfigError(
             f"cannot load dataset '{name}' (split '{split}'): no network and not in the local datasets cache. "
@@ -77,9 +83,6 @@ def load_hf_dataset(name: str, split: str):
             f"({type(err).__name__}). Save it with `datasets.load_dataset(...).save_to_disk(DIR)` on a machine "
             f"with network access and set data.dataset=DIR"
         ) from None
-
-
-_FORMATS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet", ".arrow": "arrow"}
 
 
 def load_any(dataset: str, split: str, key: str = "data.dataset"):
@@ -100,22 +103,32 @@ def load_any(dataset: str, split: str, key: str = "data.dataset"):
             if split not in dd:
                 raise ConfigError(f"{key}={dataset} has no split '{split}' (has {list(dd)}); set data.split")
             return dd[split], True
-        files = [f for f in sorted(os.listdir(path)) if os.path.splitext(f)[1].lower() in _FORMATS]
+        files = data_files(path, key, dataset)  # raises for a dir with no data files
         if files:
             fmt = _FORMATS[os.path.splitext(files[0])[1].lower()]
-            return _read_files(fmt, [os.path.join(path, f) for f in files], dataset, key), False
+            return _read_files(fmt, files, dataset, key), False
     elif ext in _FORMATS or path.startswith(("/", ".", "~")):
         raise ConfigError(f"{key}={dataset}: no such file or directory")
     return load_hf_dataset(str(dataset), split), True
 
 
 def _read_files(fmt: str, files, dataset: str, key: str):
+    check_files([files] if isinstance(files, str) else files, key, dataset)  # 0 bytes, not UTF-8: one line
+    builders = logging.getLogger("datasets.packaged_modules")  # its "Failed to load JSON" log line: ours replaces it
+    level = builders.level
+    builders.setLevel(logging.CRITICAL)
     try:
         return load_in_memory(fmt, data_files=files, split="train")
-    except Exception as err:  # an empty file, a malformed row, ...
+    except Exception as err:  # a malformed row, ...
+        where = next(filter(None, map(json_error, [files] if isinstance(files, str) else files)), None) \
+            if fmt == "json" else None  # datasets names a character position: find the line
+        if where:
+            raise ConfigError(f"{key}={dataset}: {where}") from None
         if "no data" in str(err):
             raise ConfigError(f"{key}={dataset} has no rows") from None
         raise ConfigError(f"{key}={dataset}: cannot read it as {fmt} ({type(err).__name__}: {str(err)[:200]})") from None
+    finally:
+        builders.setLevel(level)
 
 
 def holdout(ds, has_splits: bool, split: str, eval_holdout: int, key: str = "data.dataset"):

@@ -4,7 +4,8 @@ the fix, before any work starts (or, for what needs the built objects, before th
 * :func:`check_config` (the config alone, before anything is built): removed keys (``ppo.*``,
   ``rollout.hf_generate``, ``transforms.ref_logprob``) named with their new place; ``+``-added keys; names
   and ranges; the algorithm against ``rollout.num_samples``; model dirs that cannot load; the shaping stack
-  dry-run on a stand-in rollout; LoRA with a Ray reference;
+  dry-run on a stand-in rollout; LoRA with a Ray reference; the data (``rlhf_train/data/checks.py``: every
+  row of ``data=prompts``, read before any model is built);
 * :func:`check_models_set` (right before the models are built): a policy or reward model with neither
   weights nor an architecture;
 * :func:`check_built` (after the components are built): tokenizer / policy / reward-model vocabularies,
@@ -35,6 +36,7 @@ def check_config(cfg: DictConfig) -> None:
     check_ranges(cfg)
     check_model_dirs(cfg)
     check_stack(cfg)
+    check_data(cfg)
 
 
 def check_removed_keys(cfg: DictConfig) -> None:
@@ -209,6 +211,12 @@ def _check_dir(pretrained, key: str, node) -> None:
     if pretrained and Path(str(pretrained)).expanduser().is_dir():
         check_model_dir(str(Path(str(pretrained)).expanduser()), key, str(pretrained),
                         bool(node.get("trust_remote_code", False)))
+
+
+def check_data(cfg: DictConfig) -> None:
+    from rlhf_train.data.checks import check_data as check_data_section
+
+    check_data_section(OmegaConf.to_container(cfg.data, resolve=True))
 
 
 def check_stack(cfg: DictConfig) -> None:
