@@ -9,7 +9,9 @@ from __future__ import annotations
 import torch
 from torch.utils.data import Dataset
 
+from rlhf_train.data.files import row_location, source_files
 from rlhf_train.data.loading import holdout, load_any
+from rlhf_train.data.rows import prompt_kind
 from rlhf_train.infra.errors import ConfigError
 
 
@@ -65,12 +67,16 @@ def tldr_prompts(tokenizer, dataset: str = "CarperAI/openai_summarize_tldr", spl
     name, a ``save_to_disk`` dir or a local .json / .jsonl / .csv / .parquet file; one without splits holds
     out its last 64 rows for the evaluation's split (:func:`rlhf_train.data.loading.holdout`)."""
     ds, has_splits = load_any(dataset, split)
-    ds = holdout(ds, has_splits, split, 64)
+    files = source_files(dataset)
     for col in ("prompt", "label"):
         if col not in ds.column_names:
             raise ConfigError(f"dataset '{dataset}' has no '{col}' column (has {ds.column_names}); set data.dataset"
                               + ("; prompts without reference summaries (or chat messages): data=prompts"
                                  if col == "label" else ""))
+        # every row text, held-out ones included (rlhf_train/data/rows.py): a null is one line, not a TypeError
+        prompt_kind(ds, col, lambda i: row_location(files, i, split), f"data.dataset={dataset}", f"column '{col}'",
+                    chat=False, empty_ok=col == "label")
+    ds = holdout(ds, has_splits, split, 64)
     n = _limit(len(ds), max_prompts)
     ds = ds.shuffle(seed=seed).select(range(n)) if n < len(ds) else ds
     old_side, tokenizer.truncation_side = tokenizer.truncation_side, "left"

@@ -61,14 +61,22 @@ def _say(where: Where, i: int, other_file: str | None = None) -> str:
     return place if path is None or path == other_file else f"{path} {place}"
 
 
-def prompt_kind(ds, column: str, where: Where, prefix: str) -> bool:
+def prompt_kind(ds, column: str, where: Where, prefix: str, name: str | None = None, chat: bool = True,
+                empty_ok: bool = False) -> bool:
     """Whether every row of ``ds[column]`` is chat (else every row is text); raises on the first invalid row
-    (``prefix: FILE line N: data.prompt_column=C <what>[ (and K more rows)]; <fix>``) or a mix of kinds."""
+    (``prefix: FILE line N: data.prompt_column=C <what>[ (and K more rows)]; <fix>``) or a mix of kinds.
+    ``name``: how the column is named (default ``data.prompt_column=C``); ``chat=False``: text rows only;
+    ``empty_ok``: an empty string is valid (a reference answer, not a prompt)."""
+    name = name or f"data.prompt_column={column}"
     first: dict[str, int] = {}
     bad, n_bad, mixed = None, 0, None
     for start in range(0, len(ds), BATCH):
         for j, value in enumerate(ds[start:start + BATCH][column]):
             kind, problem = classify(value)
+            if kind == CHAT and not chat:
+                kind, problem = None, (f" is {_a(value)}", "this dataset takes text (chat messages: data=prompts)")
+            if empty_ok and value == "":
+                kind, problem = TEXT, None
             if problem is not None:
                 n_bad += 1
                 bad = bad or (start + j, problem)
@@ -79,11 +87,11 @@ def prompt_kind(ds, column: str, where: Where, prefix: str) -> bool:
     if bad is not None:
         i, (what, fix) = bad
         more = f" (and {n_bad - 1} more row{'s' if n_bad > 2 else ''})" if n_bad > 1 else ""
-        raise ConfigError(f"{prefix}: {_say(where, i)}: data.prompt_column={column}{what}{more}; {fix}")
+        raise ConfigError(f"{prefix}: {_say(where, i)}: {name}{what}{more}; {fix}")
     if mixed is not None:
         kind = TEXT if first[TEXT] == mixed else CHAT
         other = CHAT if kind == TEXT else TEXT
-        raise ConfigError(f"{prefix}: {_say(where, mixed)}: data.prompt_column={column} is {kind} but "
+        raise ConfigError(f"{prefix}: {_say(where, mixed)}: {name} is {kind} but "
                           f"{_say(where, first[other], where(mixed)[0])} is {other}; make every row one kind (text, "
                           f"or a list of {{role, content}} messages)")
     return CHAT in first

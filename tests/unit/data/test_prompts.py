@@ -143,3 +143,16 @@ def test_multiple_eos_ids_end_the_response_at_the_first_of_any():
     assert torch.equal(response_mask_from_tokens(response, (0, 3)), expected)
     assert torch.equal(response_mask_from_tokens(response, 0), torch.tensor(
         [[1, 1, 1, 1], [1, 1, 1, 0], [1, 1, 1, 1]], dtype=torch.bool))
+
+
+@pytest.mark.parametrize("column", ["prompt", "label"])
+def test_tldr_null_rows_are_one_line_naming_the_line(tmp_path, column):
+    """A null TL;DR prompt or label was a TypeError traceback from the tokenizer (or ``None + str``)."""
+    from rlhf_train.data.prompts import tldr_prompts
+    from rlhf_train.infra.errors import ConfigError
+
+    rows = [{"prompt": f"w{i} w5", "label": " w6"} for i in range(4, 10)]
+    rows[2][column] = None
+    path = write_jsonl(tmp_path / "tldr.jsonl", rows)
+    with pytest.raises(ConfigError, match=rf"tldr.jsonl line 3: column '{column}' is null; give the row"):
+        tldr_prompts(chat_tokenizer(), str(path))
