@@ -5,7 +5,8 @@ to the command line (so ``.hydra/overrides.yaml`` shows it); ``conf/config.yaml`
 ``--help`` is the page of ``conf/hydra/help/rlhf_train.yaml`` (recipes and groups read from ``conf/`` by
 :mod:`rlhf_train.config.help`). A run logs its run dir first and what it wrote there last (the console and
 ``<run dir>/__main__.log``); bad input is one ``Error:`` line, exit 2, and no run dir left behind that this
-start created (:func:`rlhf_train.infra.run_dir.remove_unused_run_dir`).
+start created unless a pipeline stage ran in it (:func:`rlhf_train.infra.run_dir.remove_unused_run_dir`);
+a run dir that stays has the ``Error:`` line at the end of its log (exit 1 and exit 2 alike).
 """
 from __future__ import annotations
 
@@ -81,6 +82,7 @@ def main(cfg: DictConfig):
     from rlhf_train.infra.logger import in_multirun
     from rlhf_train.infra.run_dir import (
         RUN_DIR_LINE,
+        log_to_run_dir,
         remove_unused_run_dir,
         restore_hydra_dir,
         run_dir_contents,
@@ -101,6 +103,7 @@ def main(cfg: DictConfig):
         print(f"Error: {err}", file=sys.stderr, flush=True)  # an existing run dir gets its .hydra/ back
         if main_process and not remove_unused_run_dir(run_dir, f"{hc.job.name}.log"):
             restore_hydra_dir(run_dir, str(hc.output_subdir or ".hydra"))
+            log_to_run_dir(run_dir, f"Error: {err}")  # the kept log says why the start stopped
         sys.exit(2)
 
     if in_multirun():  # a failing job is recorded in the sweep report; the other jobs still run
@@ -121,6 +124,8 @@ def main(cfg: DictConfig):
     except (FloatingPointError, CheckpointError) as err:  # max_consecutive_faults reached (last good state
         print(f"Error: {err}", file=sys.stderr, flush=True)  # checkpointed); a checkpoint write failed (disk full)
         say_what_was_written()
+        if main_process:
+            log_to_run_dir(run_dir, f"Error: {err}")  # the log ends with why the run stopped
         sys.exit(1)
     say_what_was_written()
     return value

@@ -6,8 +6,9 @@ CLI check is a Hydra callback (:class:`RunDirCheck`, registered in ``conf/config
 ``hydra.callbacks``) that runs first; :func:`rlhf_train.loop.trainer.train` checks again for callers that
 pass a run dir themselves. The callback also notes which folders of the run dir's path do not exist yet:
 after bad input (exit 2) :func:`remove_unused_run_dir` takes away the folders this run created when they
-hold nothing but Hydra's ``.hydra/`` and a log with the run-dir line alone. :func:`run_dir_contents`
-lists what a run wrote (its last log line).
+hold nothing but Hydra's ``.hydra/`` and a log of the failed start's own notes (no pipeline stage ran);
+a run dir that stays gets the ``Error:`` line at the end of its log (:func:`log_to_run_dir`).
+:func:`run_dir_contents` lists what a run wrote (its last log line).
 
 One run per run dir (:func:`claim_run_dir`, the trainer's first step, on rank 0, before any model is built):
 * :func:`lock_run_dir` takes an exclusive ``flock`` on ``<run dir>/.lock`` (holding the PID and host) for
@@ -22,6 +23,7 @@ dir's ``.hydra/`` files, and :func:`restore_hydra_dir` puts them back after bad 
 from __future__ import annotations
 
 import fcntl
+import logging
 import os
 import shutil
 import socket
@@ -34,6 +36,10 @@ from hydra.experimental.callback import Callback
 from rlhf_train.infra.errors import ConfigError
 
 RUN_DIR_LINE = "[rlhf_train] run dir: "  # the first line a run logs (rlhf_train/__main__.py)
+# log lines of a pipeline stage that ran (the record of real work: a failed start's run dir is kept for them);
+# any other line of a failed start (the run-dir line, notes such as "policy.lora.r=4: no reference copy")
+# goes with its run dir, the Error line on stderr saying why it stopped
+WORK_LINES = ("[pipeline] ", "[sft] ", "[rm] ", "[evaluation] ")
 # run dir (absolute) -> the top-most folder of its path that did not exist before Hydra created it
 _CREATED: dict[str, Path] = {}
 # run dir (absolute) -> {file name: bytes} of the .hydra/ it held before this start (restored after bad input)
@@ -98,8 +104,9 @@ class RunDirCheck(Callback):
 
 def remove_unused_run_dir(run_dir: str | Path, log_name: str) -> bool:
     """After a failed start: remove ``run_dir`` (and the empty parents it was created with) if this run
-    created it and it holds nothing but ``.hydra/`` and ``log_name`` with at most the run-dir line in it.
-    Returns whether it was removed. A dir that existed before the run, or holds anything else, stays."""
+    created it and it holds nothing but ``.hydra/`` and ``log_name`` with no line of a pipeline stage in it
+    (:data:`WORK_LINES`). Returns whether it was removed. A dir that existed before the run, or holds
+    anything else, stays."""
     run_dir = Path(run_dir).absolute()
     top = _CREATED.get(str(run_dir))
     if top is None or not run_dir.is_dir():
@@ -111,7 +118,7 @@ def remove_unused_run_dir(run_dir: str | Path, log_name: str) -> bool:
         return False
     if log_file.exists():
         lines = [line for line in log_file.read_text(errors="replace").splitlines() if line.strip()]
-        if any(RUN_DIR_LINE not in line for line in lines):
+        if any(mark in line for line in lines for mark in WORK_LINES):
             return False
     _close_file_handlers(run_dir)
     shutil.rmtree(run_dir)
@@ -138,10 +145,24 @@ def restore_hydra_dir(run_dir: str | Path, subdir: str = ".hydra") -> bool:
     return True
 
 
+def log_to_run_dir(run_dir: str | Path, message: str, level: int = logging.ERROR) -> bool:
+    """Write ``message`` through the logging file handlers that write into ``run_dir`` (Hydra's job log,
+    ``<run dir>/__main__.log``) and not the console, which got it on stderr already: the ``Error:`` line of
+    a run that stopped is the last line of its log. Returns whether any handler took it."""
+    run_dir = Path(run_dir).absolute()
+    record = logging.LogRecord("rlhf_train", level, __file__, 0, message, None, None)
+    took = False
+    for handler in logging.getLogger().handlers:
+        name = getattr(handler, "baseFilename", None)
+        if name and Path(name).absolute().is_relative_to(run_dir):
+            handler.handle(record)
+            handler.flush()
+            took = True
+    return took
+
+
 def _close_file_handlers(run_dir: Path) -> None:
     """Detach and close the logging file handlers that write into ``run_dir`` (Hydra's job log)."""
-    import logging
-
     root = logging.getLogger()
     for handler in list(root.handlers):
         name = getattr(handler, "baseFilename", None)

@@ -178,3 +178,31 @@ def test_a_stage_that_raises_is_logged_as_failed(caplog):
     assert len(messages) == 2 and "done" not in messages[1], messages
     assert messages[1].startswith("[pipeline] rm failed after ") and messages[1].endswith(" s: ValueError")
     assert timer.rows["rm"]["error"] == "ValueError" and "error" not in timer.rows["sft"]
+
+
+# --------------------------------------------------------------------------- 7. what a failed start leaves
+def test_bad_start_leaves_no_run_dir_and_a_kept_run_dir_logs_the_error(tmp_path):
+    """Bad input found after a note was logged (LoRA: "no reference copy is built"): the run dir this start
+    created goes all the same; a run dir that stays (it existed before) ends its log with the Error line."""
+    bad = ("policy.lora.r=4", "data.batch_size=1000", "logger=csv")
+    proc = run(*bad, tmp_path=tmp_path / "new" / "run")
+    assert proc.returncode == 2 and "no reference copy is built" in proc.stdout, proc.stderr[-3000:]
+    assert proc.stderr.strip().splitlines() == [
+        "Error: the prompt dataset has 256 prompts, fewer than data.batch_size=1000"]
+    assert not (tmp_path / "new").exists()
+    kept = tmp_path / "kept"
+    (kept / "notes").mkdir(parents=True)
+    proc = run(*bad, tmp_path=kept)
+    assert proc.returncode == 2 and (kept / "notes").is_dir(), proc.stderr[-3000:]
+    log = (kept / "__main__.log").read_text().splitlines()
+    assert log[-1].endswith("Error: the prompt dataset has 256 prompts, fewer than data.batch_size=1000"), log
+
+
+@pytest.mark.slow
+def test_a_run_that_stops_on_faults_ends_its_log_with_the_error(tmp_path):
+    proc = run("optimizer.lr=1e30", "trainer.max_consecutive_faults=1", "trainer.num_iterations=2", "logger=csv",
+               "data.batch_size=4", "update.minibatch_size=2", "rollout.max_new_tokens=8", tmp_path=tmp_path)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    error = proc.stderr.strip().splitlines()[-1]
+    assert error.startswith("Error: stopped")
+    assert (tmp_path / "__main__.log").read_text().splitlines()[-1].endswith(error)

@@ -243,7 +243,10 @@ def test_only_a_run_dir_this_start_created_and_left_empty_is_removed(tmp_path):
     (tmp_path / "outputs").mkdir()
     run = start(tmp_path / "outputs" / "smoke" / "t2")
     assert remove_unused_run_dir(run, "__main__.log") and list(tmp_path.iterdir()) == [tmp_path / "outputs"]
-    # kept: a log line other than the run dir's, a file other than Hydra's, a dir that existed before
+    # the start's own notes go with it (the Error line on stderr says why it stopped)
+    run = start(tmp_path / "outputs" / "t2b", [f"{RUN_DIR_LINE}x", "[rlhf_train] policy.lora.r=4: no reference copy"])
+    assert remove_unused_run_dir(run, "__main__.log") and not (tmp_path / "outputs" / "t2b").exists()
+    # kept: a line of a pipeline stage that ran, a file other than Hydra's, a dir that existed before
     run = start(tmp_path / "outputs" / "t3", [f"{RUN_DIR_LINE}x", "[pipeline] sft done in 100 s"])
     assert not remove_unused_run_dir(run, "__main__.log") and run.is_dir()
     run = start(tmp_path / "outputs" / "t4", extra="metrics.csv")
