@@ -227,7 +227,7 @@ def build_reward_sources(reward_model: torch.nn.Module | None, entries: dict | N
     import functools
     import inspect
 
-    from hydra.utils import get_object
+    from hydra.utils import instantiate
 
     from rlhf_train.infra.errors import ConfigError
 
@@ -245,11 +245,13 @@ def build_reward_sources(reward_model: torch.nn.Module | None, entries: dict | N
         if not target:
             raise ConfigError(f"{key}._target_ is not set: set it to a reward function (my_module.my_reward) or a "
                               f"reward-model factory (rlhf_train.models.reward_model.build_reward_model)")
-        try:
-            obj = get_object(str(target))
+        try:  # through Hydra's instantiate (as a partial, nothing called): its target policy applies here too
+            obj = instantiate({"_target_": str(target), "_partial_": True}).func
         except Exception as err:
-            raise ConfigError(f"{key}._target_={target} cannot be imported ({type(err).__name__}: {err}); "
-                              f"is its module on PYTHONPATH?") from None
+            first = " ".join(str(err).split())
+            why = (f"is refused by Hydra's target policy ({first[:160]})" if "blocklisted" in first
+                   else f"cannot be imported ({first[:160]}); is its module on PYTHONPATH?")
+            raise ConfigError(f"{key}._target_={target} {why}") from None
         try:
             params = inspect.signature(obj).parameters if callable(obj) else {}
         except (TypeError, ValueError):

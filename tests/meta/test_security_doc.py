@@ -24,8 +24,8 @@ def test_security_doc_says_configs_are_code_and_what_to_do():
 
 def test_a_target_runs_any_callable_as_the_doc_says(tmp_path, monkeypatch):
     """The claims behind the section: a ``_target_`` in an importable module runs that module's code (through
-    Hydra's ``instantiate``, as most components are built), and a ``rewards`` entry's ``_target_`` is called
-    without Hydra's list of refused targets (``os.system`` runs)."""
+    Hydra's ``instantiate``, as most components are built), and a ``rewards`` entry's ``_target_`` goes through
+    Hydra's list of refused targets too (``os.system`` is refused before anything runs)."""
     import pytest
     from hydra.utils import instantiate
 
@@ -38,9 +38,9 @@ def test_a_target_runs_any_callable_as_the_doc_says(tmp_path, monkeypatch):
     assert instantiate({"_target_": "someone_elses.factory", "lr": 1}) == {"lr": 1}
     assert (tmp_path / "imported").exists()
     marker = tmp_path / "owned"
-    with pytest.raises(ConfigError, match="returned int"):
+    with pytest.raises(ConfigError, match="refused by Hydra's target policy"):
         build_reward_sources(None, {"x": {"_target_": "os.system", "command": f"touch {marker}"}}, None, 0)
-    assert marker.exists()
+    assert not marker.exists()
 
 
 def test_security_doc_says_where_data_goes():

@@ -258,6 +258,9 @@ def test_bad_targets_give_one_line():
         build_reward_sources(None, {"f": {"_target_": "nope.missing"}}, tok, 1)
     with pytest.raises(ConfigError, match="no reward source"):
         build_reward_sources(None, {}, tok, 1)
+    # a config is code, but Hydra's target policy applies to reward entries as to every other _target_
+    with pytest.raises(ConfigError, match=r"^rewards.f._target_=os.system is refused by Hydra's target policy"):
+        build_reward_sources(None, {"f": {"_target_": "os.system", "command": "echo pwned"}}, tok, 1)
 
 
 _CALLS = {"n": 0}
