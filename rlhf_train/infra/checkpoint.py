@@ -91,27 +91,43 @@ def apply_umask(root: str | Path) -> None:
             p.chmod((0o777 if p.stat().st_mode & 0o111 else 0o666) & keep)
 
 
-def write_failure(err: BaseException, what: str, where: Path, run_dir: Path) -> str:
-    """The one line for a failed write: what failed, where, why (disk full / permission), and which
-    complete checkpoint is intact."""
-    probe = where
+def is_write_error(err: BaseException) -> bool:
+    """Whether ``err`` is what a writer raises when a write fails (disk full, read-only, quota): ``OSError``,
+    torch's ``RuntimeError``, safetensors' ``SafetensorError`` and the ``tokenizers`` binding's plain
+    ``Exception`` (its exact type: a subclass such as ``TypeError`` is a bug, and keeps its traceback)."""
+    from safetensors import SafetensorError
+
+    return isinstance(err, (OSError, RuntimeError, SafetensorError)) or type(err) is Exception
+
+
+_DISK_FULL_TEXT = ("no space left on device", "os error 28", "storagefull", "disk quota exceeded", "os error 122")
+
+
+def write_failure(err: BaseException, what: str, where: Path, run_dir: Path | None, intact: str | None = None) -> str:
+    """The one line for a failed write: what failed, where, why (disk full / permission) with the free space
+    there, and which complete checkpoint is intact (``intact``: that part, said otherwise)."""
+    probe = Path(where)
     while not probe.exists() and probe != probe.parent:
         probe = probe.parent
     try:
         free = shutil.disk_usage(probe).free
     except OSError:
         free = None
+    space = f"{free / 2**20:.1f} MiB free" if free is not None else "free space unknown"
     code = getattr(err, "errno", None)
-    if code in (errno.ENOSPC, errno.EDQUOT) or (free is not None and free < DISK_FULL_BYTES):
-        why = f"the disk is full ({free / 2**20:.1f} MiB free)" if free is not None else "the disk is full"
+    text = str(err).strip()
+    if (code in (errno.ENOSPC, errno.EDQUOT) or any(t in text.lower() for t in _DISK_FULL_TEXT)
+            or (free is not None and free < DISK_FULL_BYTES)):
+        why = f"the disk is full ({space})"
     elif code in (errno.EACCES, errno.EPERM, errno.EROFS):
-        why = f"{err.strerror}: '{getattr(err, 'filename', None) or where}' cannot be written"
+        why = f"{err.strerror}: '{getattr(err, 'filename', None) or where}' cannot be written; {space}"
     else:
-        first = str(err).strip().splitlines()[0] if str(err).strip() else ""
-        why = f"{type(err).__name__}: {first}"
-    done = list_checkpoints(run_dir)
-    intact = (f"the last complete checkpoint, {done[-1]}, is intact (trainer.resume=auto resumes from it)" if done
-              else "no earlier complete checkpoint exists")
+        first = text.splitlines()[0] if text else ""
+        why = f"{type(err).__name__}: {first}; {space}"
+    if intact is None:
+        done = list_checkpoints(run_dir) if run_dir is not None else []
+        intact = (f"the last complete checkpoint, {done[-1]}, is intact (trainer.resume=auto resumes from it)"
+                  if done else "no earlier complete checkpoint exists")
     return f"{what} could not be written in {where} ({why}); {intact}"
 
 
@@ -172,9 +188,11 @@ def save_checkpoint(run_dir: str | Path, iteration: int, *, accelerator, policy,
             os.replace(tmp, final)
             _fsync(root)
             shutil.rmtree(old, ignore_errors=True)
-        except (OSError, RuntimeError) as err:  # disk full, read-only, ...: what, where, what is intact
-            error = write_failure(err, f"checkpoint {final.name}", root, run_dir)
+        except Exception as err:  # disk full, read-only, ...: what, where, what is intact
             shutil.rmtree(tmp, ignore_errors=True)
+            if not is_write_error(err):
+                raise
+            error = write_failure(err, f"checkpoint {final.name}", root, run_dir)
         else:
             # 4. prune
             for stale in (list_checkpoints(run_dir)[:-keep] if keep > 0 else []):

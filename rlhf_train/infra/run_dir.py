@@ -16,6 +16,8 @@ One run per run dir (:func:`claim_run_dir`, the trainer's first step, on rank 0,
   lock when the holder dies (SIGKILL included); the file goes when the lock is released.
 * a fresh run (``trainer.resume`` unset) refuses a run dir that already holds checkpoints (the pruning of
   the new run would delete them, and a later ``resume=auto`` would pick the old run's);
+* ``<run dir>/policy``, where the end of the run exports the trained policy, must be missing, empty or an
+  earlier export (:func:`rlhf_train.infra.export_dir.check_export_target`): nothing else is ever replaced;
 * ``trainer.resume`` is resolved (:func:`rlhf_train.infra.resume.resolve_resume`: verified, same config).
 Hydra writes ``.hydra/`` before any of this runs: :class:`RunDirCheck` keeps a copy of an existing run
 dir's ``.hydra/`` files, and :func:`restore_hydra_dir` puts them back after bad input (exit 2).
@@ -260,6 +262,7 @@ def claim_run_dir(run_dir: Path, accelerator, resume: str | None, config_yaml: s
     checkpoint to resume from. Returns ``(checkpoint or None, the lock)``; one :class:`ConfigError` on
     every process otherwise."""
     from rlhf_train.infra.checkpoint_files import checkpoint_dirs
+    from rlhf_train.infra.export_dir import check_export_target
     from rlhf_train.infra.resume import resolve_resume
 
     outcome, lock, crash = None, NO_LOCK, None
@@ -270,6 +273,7 @@ def claim_run_dir(run_dir: Path, accelerator, resume: str | None, config_yaml: s
             if (run_dir / "checkpoints").is_dir():  # a read-only checkpoints dir fails now, not at the first save
                 check_writable(run_dir / "checkpoints", "hydra.run.dir")
             lock = lock_run_dir(run_dir)
+            check_export_target(run_dir / "policy", key="<hydra.run.dir>/policy")  # the end of the run writes there
             path = resolve_resume(resume, run_dir, config_yaml)
             old = checkpoint_dirs(run_dir)
             if path is None and old:

@@ -216,7 +216,8 @@ def _loop(run: Run, run_dir: Path, resume_path, config_yaml: str) -> dict:
     # the trained policy as a plain Hugging Face model dir (docs/resume-and-faults.md "Where the trained model is")
     export_state = accelerator.get_state_dict(policy)  # collective: gathers FSDP / ZeRO-3 shards
     if accelerator.is_main_process:
-        export_policy(accelerator.unwrap_model(policy), run.tokenizer, run_dir / "policy", export_state)
+        export_policy(accelerator.unwrap_model(policy), run.tokenizer, run_dir / "policy", export_state,
+                      run_dir=run_dir)  # a failed write (disk full): one line, the checkpoints intact
         log.info("[rlhf_train] trained policy (plain Hugging Face model) in %s", run_dir / "policy")
         write_final_metrics(run_dir, metrics, history)  # final_metrics.json: what a sweep report reads
     accelerator.wait_for_everyone()

@@ -139,3 +139,61 @@ def test_weights_problem():
     with torch.no_grad():
         next(policy.parameters())[0] = float("nan")
     assert weights_problem(policy, start) == "the weights are not finite"
+
+
+# --------------------------------------------------------------------------------------------
+# a full disk under the writers that raise no OSError
+# --------------------------------------------------------------------------------------------
+class _FullDiskTokenizer:
+    def save_pretrained(self, path):  # what the tokenizers binding raises when tokenizer.json cannot be written
+        raise Exception("No space left on device (os error 28)")
+
+
+@pytest.mark.parametrize("failing", ["safetensors", "tokenizers"])
+def test_checkpoint_write_failure_of_safetensors_or_tokenizers_is_one_line(tmp_path, monkeypatch, failing):
+    import safetensors.torch
+    from safetensors import SafetensorError
+
+    from rlhf_train.infra import checkpoint as ckpt
+    from rlhf_train.infra.resume import verify_checkpoint
+
+    first = _save(tmp_path, 1)
+    tokenizer = None
+    if failing == "safetensors":
+        def full(*a, **k):
+            raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+        monkeypatch.setattr(safetensors.torch, "save_file", full)
+    else:
+        tokenizer = _FullDiskTokenizer()
+    monkeypatch.setattr(ckpt.shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(1 << 30, 1 << 30, 200 << 20))
+    from accelerate import Accelerator
+
+    policy, optimizer, scheduler = _model_and_optim()
+    with pytest.raises(ckpt.CheckpointError) as exc:
+        ckpt.save_checkpoint(tmp_path, 2, accelerator=Accelerator(cpu=True), policy=policy, optimizer=optimizer,
+                             scheduler=scheduler, trainer_state={}, config_yaml="a: 1\n", tokenizer=tokenizer)
+    msg = str(exc.value)
+    assert "\n" not in msg and msg.startswith(f"checkpoint iter_000002 could not be written in {tmp_path / 'checkpoints'}")
+    assert "(the disk is full (200.0 MiB free))" in msg and f"the last complete checkpoint, {first}, is intact" in msg
+    assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == ["iter_000001"]  # no temp dir left
+    assert verify_checkpoint(first) is None
+
+
+def test_checkpoint_onto_a_full_disk(tmp_path):
+    """A real full disk (a tmpfs) under safetensors' writer: one line with the path and the free space, the
+    temp dir gone, the first checkpoint intact."""
+    from rlhf_train.infra import checkpoint as ckpt
+    from rlhf_train.infra.resume import verify_checkpoint
+    from tests.helpers.disk import fill_disk, small_tmpfs
+
+    with small_tmpfs(tmp_path / "disk", "2m") as disk:
+        first = _save(disk, 1)
+        fill_disk(disk, leave=36 << 10)  # room for rng_rank0.pt (~20 KB) and policy/config.json, not model.safetensors
+        with pytest.raises(ckpt.CheckpointError) as exc:
+            _save(disk, 2)
+        msg = str(exc.value)
+        assert "\n" not in msg and f"could not be written in {disk / 'checkpoints'} (the disk is full (" in msg
+        assert f"MiB free)); the last complete checkpoint, {first}, is intact" in msg
+        assert [p.name for p in (disk / "checkpoints").iterdir()] == ["iter_000001"]
+        assert verify_checkpoint(first) is None
