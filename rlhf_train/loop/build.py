@@ -7,8 +7,9 @@ the precision (``trainer.mixed_precision``, Accelerate's) and the generation bac
 The steps, in the order the RNG sees them (same seed, same initial weights on every process):
 
   1. the config checks (:func:`rlhf_train.loop.checks.check_config`), then the decisions;
-  2. tokenizer, policy (a value head only for an algorithm with a critic), the reference's model, the
-     reward model and sources, the KL controller, the prompt dataset; the checks that need them
+  2. tokenizer, the prompt dataset (first: its errors come before any model is built), policy (a value
+     head only for an algorithm with a critic), the reference's model, the reward model and sources, the
+     KL controller; the checks that need them
      (:func:`rlhf_train.loop.checks.check_built`);
   3. optimizer over the trainable parameters (LoRA: adapter + value head), LR schedule, data loader;
      Accelerate prepares policy, optimizer and loader;
@@ -133,12 +134,12 @@ def build_run(cfg: DictConfig, accelerator=None, run_dir: str | Path | None = No
     checks.check_models_set(cfg)
     set_seed(cfg.trainer.seed)
     tokenizer = build_tokenizer(cfg) if tokenizer is None else tokenizer
+    dataset = build_dataset(cfg, tokenizer)  # before the models: its errors come first (it draws no global RNG)
     policy = instantiate_or_config_error(cfg.policy, tokenizer=tokenizer, value_head=algorithm.needs_critic)
     ref_model = build_reference_model(cfg, policy, tokenizer, algorithm.needs_reference, device)
     reward_model = build_reward_model(cfg, tokenizer, device)
     sources = build_sources(cfg, tokenizer, reward_model, device)
     kl_controller = instantiate_or_config_error(cfg.kl_controller)
-    dataset = build_dataset(cfg, tokenizer)
     checks.check_built(cfg, tokenizer, policy, reward_model, sources, dataset)
     # 3. optimizer, schedule, data; Accelerate prepares them
     trainable = [p for p in policy.parameters() if p.requires_grad]  # LoRA: adapter + value head only

@@ -56,3 +56,21 @@ def test_removed_keys_get_one_line_naming_the_new_one():
     cfg = OmegaConf.create({"ppo": {"lam": 0.9}, "rollout": {}, "transforms": {}})  # a recipe of the old layout
     with pytest.raises(ConfigError, match=r"ppo\.lam -> algorithm\.lam"):
         check_removed_keys(cfg)
+
+
+def test_the_dataset_is_built_before_any_model(tmp_path, monkeypatch):
+    """A chat dataset with a tokenizer that has no chat template failed only after the policy, the reference
+    and the reward model were built; the dataset draws no global RNG, so the weights are the same."""
+    import json
+
+    from rlhf_train.infra.errors import ConfigError
+    from rlhf_train.loop.build import build_run
+    from rlhf_train.models import policy
+    from tests.helpers.reliability import make_cfg
+
+    path = tmp_path / "chat.jsonl"
+    path.write_text("".join(json.dumps({"messages": [{"role": "user", "content": f"w{i}"}]}) + "\n" for i in range(8)))
+    monkeypatch.setattr(policy, "build_policy", lambda *a, **k: pytest.fail("a model was built"))
+    cfg = make_cfg("data=prompts", f"data.dataset={path}")  # smoke's BPE tokenizer: no chat template
+    with pytest.raises(ConfigError, match="holds chat messages but the tokenizer has no chat template"):
+        build_run(cfg, run_dir=tmp_path / "run")
