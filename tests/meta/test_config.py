@@ -111,6 +111,12 @@ def test_group_option_composes(group, option, tokenizer, tmp_path):
     # the group algorithms (grpo, rloo, reinforce_pp_baseline) need >= 2 completions per prompt
     cfg = compose([f"{group}={option}", *(["rollout.num_samples=2"] if group == "algorithm" else [])])
     node = cfg[group]
+    if group == "data" and "dataset" in list(node.keys()) and OmegaConf.is_missing(node, "dataset"):
+        # data=prompts: a tiny JSONL of yours, there before check_config reads it (twice the batch: a dataset
+        # without splits holds some out)
+        path = tmp_path / "prompts.jsonl"
+        path.write_text("".join(f'{{"prompt": "a film {i}"}}\n' for i in range(2 * node.batch_size)))
+        node.dataset = str(path)
     check_config(cfg)
 
     def expect_config_error_or(build, key):
@@ -164,10 +170,6 @@ def test_group_option_composes(group, option, tokenizer, tmp_path):
         backend = get_class(node._target_)
         assert callable(getattr(backend, "generate", None)), GenerationBackend
     elif group == "data":
-        if "dataset" in list(node.keys()) and OmegaConf.is_missing(node, "dataset"):  # data=prompts: a tiny JSONL of yours
-            path = tmp_path / "prompts.jsonl"  # (twice the batch: a dataset without splits holds some out)
-            path.write_text("".join(f'{{"prompt": "a film {i}"}}\n' for i in range(2 * node.batch_size)))
-            node.dataset = str(path)
         if node.get("dataset") and is_hub_name(node.dataset):
             pytest.skip("a hub dataset: tests never touch the network")
         kwargs = {k: v for k, v in node.items() if k not in ("batch_size", "num_workers")}
