@@ -45,7 +45,7 @@ def test_fresh_run_refuses_a_dir_with_checkpoints_and_resume_checks_the_config(t
 
     run_id = read_trainer_state(list_checkpoints(run)[-1])["run_id"]
     out = train(make_cfg("trainer.num_iterations=3", "trainer.resume=auto"), run)
-    assert [h["iteration"] for h in out["history"]] == [3]
+    assert [h["iteration"] for h in out["history"]] == [1, 2, 3]  # the history before the resume included
     assert read_trainer_state(list_checkpoints(run)[-1])["run_id"] == run_id
 
 
