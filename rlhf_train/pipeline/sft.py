@@ -14,7 +14,7 @@
 
 With ``sft.lora.r > 0`` step 2 puts a LoRA adapter on the ``sft.init`` model (peft,
 :mod:`rlhf_train.models.lora`) and only the adapter trains; step 5 saves the adapter in
-``out_dir/adapter`` and the merged model (``merge_and_unload``) in ``out_dir``: a plain model for the RL
+``out_dir/adapter`` and the merged model (:func:`~rlhf_train.models.export.merged_copy`) in ``out_dir``: a plain model for the RL
 stage, whose own ``policy.lora`` (if any) is then a fresh adapter on it.
 
 The training-loop helpers here (:func:`make_optimizer`, :func:`batches`) are shared with the reward
@@ -226,8 +226,10 @@ def train_sft(cfg: DictConfig, tokenizer, out_dir: str | Path) -> dict[str, Any]
     # 5. save
     lm.eval()
     if is_peft_model(lm):  # LoRA: the adapter, then the merged plain model the RL stage loads
+        from rlhf_train.models.export import merged_copy
+
         lm.save_pretrained(str(Path(out_dir) / "adapter"))
-        lm = lm.merge_and_unload()
+        lm = merged_copy(lm)  # (unties a tied lm_head that carries an adapter first: the merge is what trained)
     lm.save_pretrained(str(out_dir))
     tokenizer.save_pretrained(str(out_dir))
     return {"sft/val_loss": val_loss, "sft/val_perplexity": math.exp(min(val_loss, 50.0)),

@@ -227,6 +227,31 @@ def test_sft_stage_trains_a_lora_adapter_and_saves_the_merged_model(tmp_path):
         assert torch.allclose(merged(input_ids=ids).logits, adapted, atol=1e-5)
 
 
+def test_sft_stage_with_lora_on_a_tied_lm_head_saves_what_it_trained(tmp_path):
+    """GPT-2 ties lm_head to the input embedding: merging the head's adapter must not change the embedding."""
+    from hydra.utils import instantiate
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from rlhf_train.models.loading import build_causal_lm
+    from rlhf_train.pipeline.sft import train_sft
+
+    init, out = tmp_path / "init", tmp_path / "sft"
+    cfg = make_cfg("sft=sentiment", f"sft.init={init}", "sft.lora.r=4", "sft.lora.target_modules=[c_attn,lm_head]",
+                   "sft.max_steps=4", "sft.eval_every=4", "sft.batch_size=8", "sft.max_len=24",
+                   "sft.max_train_examples=32", "sft.max_eval_examples=8", "sft.warmup_steps=0", "sft.lr=1e-2",
+                   "sft.dropout=0.0")
+    tokenizer = instantiate(cfg.tokenizer)
+    torch.manual_seed(0)
+    build_causal_lm(None, {"n_layer": 1, "n_embd": 32, "n_head": 2, "n_positions": 32}, tokenizer).save_pretrained(init)
+    train_sft(cfg, tokenizer, out)
+    base, merged = AutoModelForCausalLM.from_pretrained(init), AutoModelForCausalLM.from_pretrained(out)
+    ids = torch.tensor([[5, 9, 3, 12, 40, 7]])
+    with torch.no_grad():
+        adapted = PeftModel.from_pretrained(base, out / "adapter")(input_ids=ids).logits
+        assert torch.allclose(merged(input_ids=ids).logits, adapted, atol=1e-5)
+
+
 def test_sft_lora_needs_a_pretrained_init(tmp_path):
     from rlhf_train.infra.errors import ConfigError
     from rlhf_train.pipeline.sft import train_sft
