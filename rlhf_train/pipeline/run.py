@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import shutil
 import time
@@ -161,8 +162,18 @@ def run_evaluation(cfg, run_dir: Path, tokenizer, judge, policy_dir: str, rm_dir
 # run
 # --------------------------------------------------------------------------------------------
 def _write_json(path: Path, obj: dict) -> None:
+    """Valid JSON: a NaN / inf (e.g. a diverged metric) is written as null, as final_metrics.json does."""
+    def finite(x):
+        if isinstance(x, dict):
+            return {k: finite(v) for k, v in x.items()}
+        if isinstance(x, (list, tuple)):
+            return [finite(v) for v in x]
+        if getattr(x, "ndim", None) == 0:  # a 0-d tensor / numpy number
+            x = float(x)
+        return None if isinstance(x, float) and not math.isfinite(x) else x
+
     tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(obj, indent=1, default=float))
+    tmp.write_text(json.dumps(finite(obj), indent=1, default=float, allow_nan=False))
     os.replace(tmp, path)
 
 

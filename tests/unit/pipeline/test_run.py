@@ -152,3 +152,17 @@ def test_bad_input_fails_before_any_stage(tmp_path, override, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
         run(compose(*TINY, f"cache_dir={tmp_path / 'cache'}", override), tmp_path / "run")
     assert not (tmp_path / "cache" / "stages").exists()
+
+
+def test_summary_json_writes_null_for_non_finite_values(tmp_path):
+    import json
+
+    import torch
+
+    from rlhf_train.pipeline.run import _write_json
+
+    _write_json(tmp_path / "summary.json", {"reward_after": float("nan"), "kl": [1.0, float("inf")],
+                                            "score": torch.tensor(float("nan")), "algorithm": "GRPO"})
+    text = (tmp_path / "summary.json").read_text()
+    assert "NaN" not in text and "Infinity" not in text
+    assert json.loads(text) == {"reward_after": None, "kl": [1.0, None], "score": None, "algorithm": "GRPO"}
