@@ -92,7 +92,7 @@ def test_prompts_longer_than_the_context(tmp_path):
 
 
 def test_empty_dataset(tmp_path):
-    _train_fails(tmp_path, "data.max_prompts=0", match=r"empty.*data\.max_prompts")
+    _train_fails(tmp_path, "data.max_prompts=0", match=r"^data\.max_prompts=0 must be positive")
 
 
 def test_unknown_split(tmp_path):
