@@ -5,8 +5,9 @@ helpers for DDP / FSDP / DeepSpeed / gloo (``distributed``), atomic checkpoints:
 RNG states (``checkpoint_files``), writing one (``checkpoint``), where an export may go (``export_dir``),
 finding, verifying and loading the one to resume (``resume``) and the base-model fingerprint it checks
 (``fingerprint``); SIGTERM / SIGINT handling (``preemption``), W&B / CSV / no-op metric loggers
-(``logger``), redacting secrets (``secrets``), the writable-run-dir check (``run_dir``) and the
-process-wide CPU settings of the entry point and benchmarks (``cpu_defaults``).
+(``logger``), redacting secrets (``secrets``), the writable-run-dir check (``run_dir``), cache entries
+sealed, verified on reuse and their stale temp dirs removed (``cache_entries``) and the process-wide CPU
+settings of the entry point and benchmarks (``cpu_defaults``).
 
 May import: ``rlhf_train.core`` (below it) and itself.
 """
