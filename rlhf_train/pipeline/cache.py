@@ -8,11 +8,14 @@ sizes and mtimes, so a model or dataset overwritten in place is a new input), th
 it consumes; :mod:`rlhf_train.pipeline.run` decides which config sections each stage hashes.
 
 :func:`cached_stage` builds a stage in a temporary dir next to its final place, writes ``stage.json``,
-marks it ``COMPLETE`` and moves it into place with ``os.replace`` (atomic on one file system), so a crash
-never leaves a half-written stage. A file lock (``<stage>-<key>.lock``) makes concurrent runs of the same
-stage (a joblib sweep) wait for one another and then reuse the result instead of building it twice.
-Delete a stage's dir (or the whole ``stages/``) to re-run it. :class:`Timer` records the wall-clock and
-CPU time of each step.
+seals it with ``COMPLETE`` (the size and SHA-256 of every file: :mod:`rlhf_train.infra.cache_entries`) and
+moves it into place with ``os.replace`` (atomic on one file system), so a crash never leaves a half-written
+stage; the next build removes the temp dir of a killed one. :func:`is_complete` checks the seal: an entry
+whose files are missing, truncated or changed is removed with a line saying so, and the stage runs again.
+A file lock (``<stage>-<key>.lock``) makes concurrent runs of the same stage (a joblib sweep) wait for one
+another and then reuse the result instead of building it twice. An unwritable cache dir is one
+``ConfigError`` line. Delete a stage's dir (or the whole ``stages/``) to re-run it. :class:`Timer` records
+the wall-clock and CPU time of each step.
 """
 from __future__ import annotations
 
@@ -21,7 +24,6 @@ import json
 import logging
 import os
 import shutil
-import tempfile
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -106,8 +108,33 @@ def stage_dir(cfg: DictConfig, stage: str, key: str) -> Path:
     return Path(os.path.expanduser(str(cfg.cache_dir))) / "stages" / f"{stage}-{key}"
 
 
+def _intact(path: Path) -> bool:
+    """The entry at ``path`` is sealed and every sealed file is as sealed; a damaged one is removed (one
+    line). The caller holds the stage's lock."""
+    from rlhf_train.infra.cache_entries import damage, discard
+
+    if not path.exists():
+        return False
+    why = damage(path)
+    if why is None:
+        return True
+    log.warning("[pipeline] the cached stage %s is damaged (%s): removed; the stage runs again", path, why)
+    discard(path)
+    return False
+
+
 def is_complete(path: Path) -> bool:
-    return (path / "COMPLETE").is_file()
+    """The stage's cache entry exists and is intact (a damaged one is removed: the stage then runs again)."""
+    from filelock import FileLock
+
+    from rlhf_train.infra.cache_entries import damage
+
+    if not path.is_dir():
+        return False
+    if damage(path) is None:  # the common case: no lock needed to read a sealed entry
+        return True
+    with FileLock(str(path.parent / f"{path.name}.lock")):
+        return _intact(path)
 
 
 def read_stage_info(path: Path) -> dict:
@@ -118,25 +145,28 @@ def cached_stage(path: Path, build: Callable[[Path], dict]) -> tuple[dict, bool]
     """Return ``(info, reused)``: the stage's ``stage.json``, building it first unless it is complete.
 
     ``build(tmp_dir) -> info`` writes the stage's files into ``tmp_dir``; ``info`` (JSON) is saved as
-    ``stage.json``, then ``COMPLETE``, then the dir is moved to ``path`` atomically. A file lock makes a
-    concurrent run for the same stage wait and reuse the result instead of building it twice.
+    ``stage.json``, then the seal ``COMPLETE``, then the dir is moved to ``path`` atomically. A file lock makes
+    a concurrent run for the same stage wait and reuse the result instead of building it twice.
     """
     from filelock import FileLock
 
+    from rlhf_train.infra.cache_entries import discard, remove_stale_temp_dirs, seal, temp_dir, writable_dir
+
     if is_complete(path):
         return read_stage_info(path), True
-    path.parent.mkdir(parents=True, exist_ok=True)
+    writable_dir(path.parent, "the stage cache dir")
+    remove_stale_temp_dirs(path.parent)  # left by a build that was killed
     with FileLock(str(path.parent / f"{path.name}.lock")):
-        if is_complete(path):  # another run finished it while we waited
+        if _intact(path):  # another run finished it while we waited
             return read_stage_info(path), True
-        tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}-", dir=path.parent))
+        tmp = temp_dir(path)
         try:
             info = build(tmp)
             (tmp / "stage.json").write_text(json.dumps(info, indent=1, default=float))
-            (tmp / "COMPLETE").write_text(time.strftime("%Y-%m-%d %H:%M:%S\n"))
-            apply_umask(tmp)  # mkdtemp makes the dir 0700 and safetensors writes 0600: use the umask's modes
-            if path.exists():  # an incomplete leftover (should not happen: only complete dirs are moved in)
-                shutil.rmtree(path)
+            seal(tmp)  # last: the size and SHA-256 of every file, checked at each reuse
+            apply_umask(tmp)  # safetensors writes 0600: use the umask's modes
+            if path.exists():  # a damaged leftover (_intact removes those; this is belt and braces)
+                discard(path)
             os.replace(tmp, path)
         finally:
             if tmp.exists():
