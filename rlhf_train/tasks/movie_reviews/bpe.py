@@ -16,6 +16,7 @@ import tempfile
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+from rlhf_train.infra.cache_entries import writable_dir
 from rlhf_train.infra.checkpoint import apply_umask
 
 __all__ = ["EOS_TOKEN", "PAD_TOKEN", "default_cache_dir", "texts_digest", "train_tokenizer"]
@@ -110,8 +111,8 @@ def train_tokenizer(
     if (final / "tokenizer.json").is_file():
         return AutoTokenizer.from_pretrained(str(final))
 
+    writable_dir(cache)  # one line naming RLHF_TRAIN_CACHE before training, not a traceback from mkdir after it
     tokenizer = _wrap(_build_tokenizer_object(texts, vocab_size, min_frequency))
-    cache.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".tokenizer-{key}-", dir=cache))
     try:
         tokenizer.save_pretrained(str(tmp))

@@ -37,6 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
+from rlhf_train.infra.cache_entries import writable_dir
 from rlhf_train.infra.checkpoint import apply_umask
 
 __all__ = ["SentimentJudge", "train_judge"]
@@ -250,6 +251,7 @@ def train_judge(
     path = cache / f"judge-{key}.npz"
     if path.is_file():
         return SentimentJudge.load(path)
+    writable_dir(cache)  # one line naming RLHF_TRAIN_CACHE, before the fit, not a traceback after it
     judge = proto.fit(texts, labels)
     judge.save(path)
     return judge

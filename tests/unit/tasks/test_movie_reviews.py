@@ -252,3 +252,21 @@ def test_judge_accuracy_independence_and_persistence(splits, tmp_path):
     assert judge.positive_prob([]).shape == (0,)
     with pytest.raises(RuntimeError):
         SentimentJudge().positive_prob(["x"])
+
+
+def test_an_unwritable_cache_is_one_line_before_training(tok_texts, splits, tmp_path, monkeypatch):
+    """The tokenizer and the judge stop with one line naming the cache dir (and RLHF_TRAIN_CACHE), before they train."""
+    from rlhf_train.infra.errors import ConfigError
+
+    (tmp_path / "a_file").write_text("")
+    unwritable = tmp_path / "a_file" / "cache"
+
+    def no_training(*a, **k):
+        raise AssertionError("trained before finding that the cache is unwritable")
+
+    monkeypatch.setattr(bpe, "_build_tokenizer_object", no_training)
+    with pytest.raises(ConfigError, match=r"the cache dir '.*a_file/cache' is not writable .*RLHF_TRAIN_CACHE"):
+        train_tokenizer(tok_texts, vocab_size=512, cache_dir=unwritable)
+    monkeypatch.setattr(SentimentJudge, "fit", no_training)
+    with pytest.raises(ConfigError, match=r"the cache dir '.*a_file/cache' is not writable .*RLHF_TRAIN_CACHE"):
+        train_judge(splits, unwritable, max_train=50)
