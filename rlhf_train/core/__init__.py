@@ -3,8 +3,9 @@
 Functions of tensors in, tensors out, each with its shapes (``[B, T]``) and the paper and equation it
 implements in the docstring: masked reductions (``masked``), advantage estimators such as GAE
 (``advantages``), the clipped PPO policy / value losses (``losses``), KL estimators k1/k2/k3 (``kl``),
-log-probs and entropy from logits (``logprob_kernel``), logits processing for sampling (``sampling``),
-and the typed token containers ``Tokens`` / ``Masks`` / ``LogProbs`` / ``Rollout`` (``containers``).
+the sampler / trainer mismatch and its importance-sampling correction (``mismatch``), log-probs and
+entropy from logits (``logprob_kernel``), logits processing for sampling (``sampling``), and the typed
+token containers ``Tokens`` / ``Masks`` / ``LogProbs`` / ``Rollout`` (``containers``).
 
 May import: only ``rlhf_train.core`` itself, torch and tensordict; never transformers, hydra,
 omegaconf or accelerate (``tests/meta/test_architecture.py`` checks this).

@@ -24,12 +24,18 @@ from rlhf_train.core.masked import masked_mean, masked_sum
 
 
 def policy_loss(
-    log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, mask: Tensor, clip_eps: float
+    log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, mask: Tensor, clip_eps: float,
+    weights: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """PPO clipped surrogate. All inputs [B, T] -> (scalar loss, stats of detached scalars).
 
         ratio = exp(log pi - log pi_old)
-        loss  = masked_mean(max(-A * ratio, -A * clip(ratio, 1 - eps, 1 + eps)))
+        loss  = masked_mean(w * max(-A * ratio, -A * clip(ratio, 1 - eps, 1 + eps)))
+
+    ``weights`` ``w [B, T]`` (no gradient): the importance-sampling correction of each token's term
+    (:func:`rlhf_train.core.mismatch.importance_weights`; Yao et al. 2025, TIS: the truncated weight
+    multiplies the clipped surrogate); ``None`` = 1 (``x * 1.0`` is ``x`` bit for bit, so all-ones
+    weights give the same loss and gradient).
 
     stats: clipfrac (fraction of tokens where the clipped term is the larger one),
     approx_kl (masked mean of (ratio - 1) - log ratio, the k3 estimator), ratio_mean.
@@ -44,7 +50,8 @@ def policy_loss(
     ratio = torch.exp(log_ratio)
     pg_loss1 = -advantages * ratio
     pg_loss2 = -advantages * torch.clamp(ratio, 1.0 - clip_eps, 1.0 + clip_eps)
-    loss = masked_mean(torch.max(pg_loss1, pg_loss2), mask)
+    per_token = torch.max(pg_loss1, pg_loss2)
+    loss = masked_mean(per_token * weights if weights is not None else per_token, mask)
     with torch.no_grad():
         stats = {
             "clipfrac": masked_mean((pg_loss2 > pg_loss1).to(ratio.dtype), mask),
@@ -80,18 +87,19 @@ RATIO_LEVELS = ("token", "sequence")
 
 
 def clipped_surrogate(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, mask: Tensor,
-                      clip_low: float, clip_high: float, ratio_level: str = "token"
+                      clip_low: float, clip_high: float, ratio_level: str = "token", weights: Tensor | None = None
                       ) -> tuple[Tensor, dict[str, Tensor]]:
     """Per-token clipped surrogate, NOT aggregated. All inputs ``[B, T]`` -> ``(loss [B, T], stats)``.
 
         ratio  = exp(log π − log π_old)                                   ratio_level="token"
                = exp(1/|y_i| Σ_t (log π − log π_old))  for every token      ratio_level="sequence" (GSPO)
-        loss_t = max(−A_t · ratio, −A_t · clip(ratio, 1 − clip_low, 1 + clip_high))
+        loss_t = w_t · max(−A_t · ratio, −A_t · clip(ratio, 1 − clip_low, 1 + clip_high))
 
     References: PPO (Schulman et al. 2017, eq. 7) with ε split into ``clip_low`` / ``clip_high``
     ("clip-higher", DAPO: Yu et al. 2025, eq. 10); the sequence-level ratio ``s_i(θ)`` of GSPO (Zheng et
     al. 2025, eq. 7), a length-normalised geometric mean of the token ratios.
 
+    ``weights`` ``w [B, T]``: the importance-sampling correction, as in :func:`policy_loss` (``None`` = 1).
     The loss is 0 outside ``mask`` (log ratios there are set to 0 before ``exp``, as in
     :func:`policy_loss`). stats (detached, masked token means): ``clipfrac`` (the clipped term is the
     larger one), ``clipfrac_low`` (… with ratio < 1 − clip_low, i.e. A < 0), ``clipfrac_high`` (… with
@@ -109,7 +117,8 @@ def clipped_surrogate(log_probs: Tensor, old_log_probs: Tensor, advantages: Tens
         ratio = torch.exp(log_ratio)
     pg_loss1 = -advantages * ratio
     pg_loss2 = -advantages * torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
-    loss = torch.where(inside, torch.max(pg_loss1, pg_loss2), zero)
+    per_token = torch.max(pg_loss1, pg_loss2)
+    loss = torch.where(inside, per_token * weights if weights is not None else per_token, zero)
     with torch.no_grad():
         clipped = (pg_loss2 > pg_loss1) & inside
         f = ratio.dtype
