@@ -40,12 +40,16 @@ def logprobs_of_labels(logits: Tensor, labels: Tensor) -> Tensor:
 
 
 # Vocabulary rows of [V, N] logits handled per block: ~2^21 floats (8 MB) per block keeps its temporaries
-# in the CPU's last-level cache.
+# in the CPU's last-level cache. On an accelerator (CUDA, MPS, ...) the blocks only bound the memory of
+# the gradient-free pass (there is no cache to fit them in) and each block costs a dozen kernel launches,
+# so they are 32x larger there (256 MB of float32 logits).
 _BLOCK_ELEMENTS = 1 << 21
+_ACCELERATOR_BLOCK_FACTOR = 32
 
 
-def _vocab_blocks(V: int, N: int):
-    step = max(1, _BLOCK_ELEMENTS // max(N, 1))
+def _vocab_blocks(V: int, N: int, device: torch.device | None = None):
+    elements = _BLOCK_ELEMENTS * (_ACCELERATOR_BLOCK_FACTOR if device is not None and device.type != "cpu" else 1)
+    step = max(1, elements // max(N, 1))
     return [(a, min(a + step, V)) for a in range(0, V, step)]
 
 
@@ -138,7 +142,7 @@ class _LogProbsAndEntropy(torch.autograd.Function):
         keep_exp = in_place and ctx.needs_input_grad[0]              # ... and keep e = exp(z - block max) there
         picked = logits_t.gather(0, labels[None]).squeeze(0).to(dtype) / temperature
         stats, scratch = [], []
-        for a, b in _vocab_blocks(V, N):
+        for a, b in _vocab_blocks(V, N, logits_t.device):
             z = logits_t[a:b] if in_place else logits_t[a:b].to(dtype, copy=True)
             stats.append(_block_forward(z, temperature, with_entropy, keep_exp, scratch))
         lse, entropy, p_scale = _combine(*zip(*stats), with_entropy)
@@ -159,7 +163,7 @@ class _LogProbsAndEntropy(torch.autograd.Function):
         in_place = grad.dtype == lse.dtype  # else each block is computed in float32, then cast into grad
         gl = grad_logp.to(lse.dtype) if grad_logp is not None else None
         ge = grad_entropy.to(lse.dtype) if grad_entropy is not None else None
-        for i, (a, b) in enumerate(_vocab_blocks(*saved.shape)):
+        for i, (a, b) in enumerate(_vocab_blocks(*saved.shape, saved.device)):
             x = saved[a:b].to(lse.dtype)
             g = _block_grad(x, grad[a:b] if in_place else torch.empty_like(x), p_scale[i], lse, entropy, gl, ge,
                             t, ctx.keep_exp)
@@ -207,10 +211,24 @@ class _HeadLogProbsAndEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden: Tensor, weight: Tensor, bias: Tensor | None, labels: Tensor, temperature: float,
                 with_entropy: bool):
+        with torch.autocast(hidden.device.type, enabled=False):  # its matmuls write float buffers of its own
+            return _HeadLogProbsAndEntropy._forward(ctx, hidden, weight, bias, labels, temperature, with_entropy)
+
+    @staticmethod
+    def backward(ctx, grad_logp: Tensor | None, grad_entropy: Tensor | None):
+        if grad_logp is None and grad_entropy is None:
+            return None, None, None, None, None, None
+        with torch.autocast(ctx.saved_tensors[0].device.type, enabled=False):
+            return _HeadLogProbsAndEntropy._backward(ctx, grad_logp, grad_entropy)
+
+    @staticmethod
+    def _forward(ctx, hidden: Tensor, weight: Tensor, bias: Tensor | None, labels: Tensor, temperature: float,
+                 with_entropy: bool):
         (V, _), N = weight.shape, hidden.shape[0]
         keep_exp = any(ctx.needs_input_grad[:3])
         store = hidden.new_empty(V, N) if keep_exp else None            # e of every block, for the backward
-        blocks = _vocab_blocks(V, N)
+        blocks = _vocab_blocks(V, N, hidden.device)
+        f = hidden.dtype  # the compute dtype; a weight stored in less (bf16) is cast up one block at a time
         # the tokens whose label lies in each block: their logit is read while the block is fresh
         order = torch.argsort(labels)
         starts = torch.tensor([a for a, _ in blocks], device=labels.device)
@@ -224,9 +242,9 @@ class _HeadLogProbsAndEntropy(torch.autograd.Function):
                 buf = hidden.new_empty(b - a, N) if buf is None else buf
                 z = buf[: b - a]
             if bias is not None:
-                torch.addmm(bias[a:b, None], weight[a:b], hidden_t, out=z)
+                torch.addmm(bias[a:b, None].to(f), weight[a:b].to(f), hidden_t, out=z)
             else:
-                torch.mm(weight[a:b], hidden_t, out=z)
+                torch.mm(weight[a:b].to(f), hidden_t, out=z)
             cols = order[bounds[i]:bounds[i + 1]]
             picked[cols] = z[labels[cols] - a, cols]
             stats.append(_block_forward(z, temperature, with_entropy, keep_exp, scratch))
@@ -239,22 +257,21 @@ class _HeadLogProbsAndEntropy(torch.autograd.Function):
         return picked / temperature - lse, entropy
 
     @staticmethod
-    def backward(ctx, grad_logp: Tensor | None, grad_entropy: Tensor | None):
-        if grad_logp is None and grad_entropy is None:
-            return None, None, None, None, None, None
+    def _backward(ctx, grad_logp: Tensor | None, grad_entropy: Tensor | None):
         hidden, weight, bias, labels, store, lse, entropy, p_scale = ctx.saved_tensors
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
-        t, gl, ge = ctx.temperature, grad_logp, grad_entropy
+        t, gl, ge, f = ctx.temperature, grad_logp, grad_entropy, hidden.dtype
+        # the gradients are computed in the compute dtype f, then cast to the parameters' own (bf16 weights)
         grad_h = torch.zeros_like(hidden) if need_h else None
-        grad_w = torch.empty_like(weight) if need_w else None
-        grad_b = torch.empty_like(bias) if need_b else None
+        grad_w = torch.empty(weight.shape, dtype=f, device=weight.device) if need_w else None
+        grad_b = torch.empty(bias.shape, dtype=f, device=bias.device) if need_b else None
         buf = None
         for i, (a, b) in enumerate(ctx.blocks):
             e_b = store[a:b]                                            # [Vb, N], left as it is
             if ge is None:                                              # g_b = -e_b · diag(σ_b), never formed
                 sigma = p_scale[i] * (gl / t)                           # [N]
                 if need_h:
-                    grad_h.addcmul_(e_b.T @ weight[a:b], sigma[:, None], value=-1.0)
+                    grad_h.addcmul_(e_b.T @ weight[a:b].to(f), sigma[:, None], value=-1.0)
                 if need_w:
                     torch.mm(e_b, hidden * -sigma[:, None], out=grad_w[a:b])
                 if need_b:
@@ -263,7 +280,7 @@ class _HeadLogProbsAndEntropy(torch.autograd.Function):
             buf = torch.empty_like(e_b) if buf is None else buf
             g = _block_grad(e_b, buf[: b - a], p_scale[i], lse, entropy, gl, ge, t, True)
             if need_h:
-                grad_h.addmm_(g.T, weight[a:b])
+                grad_h.addmm_(g.T, weight[a:b].to(f))
             if need_w:
                 torch.mm(g, hidden, out=grad_w[a:b])
             if need_b:
@@ -271,19 +288,27 @@ class _HeadLogProbsAndEntropy(torch.autograd.Function):
         if gl is not None:  # the onehot(label) part of d log p_label / dz: c = gl / t at (label, token)
             c = gl / t
             if need_h:
-                grad_h.addcmul_(weight[labels], c[:, None])
+                grad_h.addcmul_(weight[labels].to(f), c[:, None])
             if need_w:
                 grad_w.index_add_(0, labels, hidden * c[:, None])
             if need_b:
                 grad_b.index_add_(0, labels, c)
+        grad_w = grad_w.to(weight.dtype) if grad_w is not None else None
+        grad_b = grad_b.to(bias.dtype) if grad_b is not None else None
         return grad_h, grad_w, grad_b, None, None, None
 
 
 def head_logprobs_and_entropy(hidden: Tensor, weight: Tensor, bias: Tensor | None, labels: Tensor,
                               temperature: float = 1.0, with_entropy: bool = True) -> tuple[Tensor, Tensor]:
     """:func:`logprobs_and_entropy` of the logits ``hidden @ weightᵀ + bias``, with the head's matmuls inside
-    the blockwise pass: ``hidden [N, H]``, ``weight [V, H]`` and ``bias [V]`` (or None) of an LM head, all
-    float32, ``labels [N]`` -> ``(log_probs [N], entropy [N])`` (entropy NaN and gradient-free unless
+    the blockwise pass: ``hidden [N, H]``, ``weight [V, H]`` and ``bias [V]`` (or None) of an LM head,
+    ``labels [N]`` -> ``(log_probs [N], entropy [N])`` (entropy NaN and gradient-free unless
     ``with_entropy``). Gradients flow to ``hidden``, ``weight`` and ``bias`` (:class:`_HeadLogProbsAndEntropy`);
-    without gradients only one block of logits exists at a time."""
+    without gradients only one block of logits exists at a time.
+
+    Everything is computed in ``hidden``'s dtype (float32, or float64 in gradient checks): a ``weight`` /
+    ``bias`` stored in less (bfloat16 weights) is cast up one vocabulary block at a time and gets its
+    gradient in its own dtype. Any device: on CPU the blocks fit the cache, on an accelerator they are
+    larger (:data:`_ACCELERATOR_BLOCK_FACTOR`). Under autocast the caller turns it off around this
+    function (its matmuls write into float buffers of their own)."""
     return _HeadLogProbsAndEntropy.apply(hidden, weight, bias, labels, float(temperature), bool(with_entropy))

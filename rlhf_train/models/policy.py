@@ -36,6 +36,9 @@ class ValueHead(nn.Module):
         nn.init.zeros_(self.summary.bias)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        if torch.is_autocast_enabled(hidden.device.type):  # float32 under autocast too (trainer.precision)
+            with torch.autocast(hidden.device.type, enabled=False):
+                return self.summary(hidden.float()).squeeze(-1)
         return self.summary(hidden.float()).squeeze(-1)
 
 
