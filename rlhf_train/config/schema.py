@@ -147,6 +147,8 @@ class PromptsDataSchema:  # conf/data/prompts.yaml -> rlhf_train.data.hf_prompts
     seed: int = 0
     shuffle: bool = False
     eval_holdout: int = 64
+    system_prompt: Optional[str] = None
+    few_shot: Optional[List[Dict[str, str]]] = None
 
 
 @dataclass

@@ -1,8 +1,8 @@
 """The ``data`` group's pre-flight: what can be checked before any model is built (run by
 :func:`rlhf_train.loop.checks.check_config`, so also at the start of a pipeline, before its SFT / RM stages).
 
-Every data group: ``data.max_prompts`` positive or null. ``data=prompts``: :func:`read_prompts` over the
-data, so a missing or unreadable file, a missing column and every invalid row are one line at start rather
+Every data group: ``data.max_prompts`` positive or null. ``data=prompts``: the types of ``data.system_prompt``
+and ``data.few_shot``, and :func:`read_prompts` over the data, so a missing or unreadable file, a missing column and every invalid row are one line at start rather
 than after the models are built (the second read, when the dataset is built, comes from ``datasets``' cache).
 """
 from __future__ import annotations
@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from rlhf_train.data.hf_prompts import hf_prompts, read_prompts
+from rlhf_train.data.prefix import check_prefix
 from rlhf_train.infra.errors import ConfigError
 
 HF_PROMPTS = f"{hf_prompts.__module__}.{hf_prompts.__name__}"
@@ -25,5 +26,6 @@ def check_data(data: dict[str, Any]) -> None:
     if data.get("dataset") in (None, "", "???"):
         raise ConfigError("data.dataset is not set: data=prompts needs data.dataset=<a .jsonl/.json/.csv/.parquet "
                           "file, a dir of them, a save_to_disk dir or a cached hub name>")
+    check_prefix(data.get("system_prompt"), data.get("few_shot"))
     read_prompts(data["dataset"], data.get("split", "train"), data.get("prompt_column"),
                  data.get("max_prompt_tokens", 256), data.get("truncation", "drop"), max_prompts)

@@ -8,14 +8,17 @@ a ``save_to_disk`` dir, or a hub name already in the local cache. The prompt is
 * a chat column (a list of ``{"role", "content"}`` messages; ``data.prompt_column=messages``, which is also
   chosen when ``prompt`` is absent): ``tokenizer.apply_chat_template(messages, add_generation_prompt=True)``.
 
-Every other column (e.g. ``answer``) travels with its prompt to the reward functions (``columns`` of the
-batch, repeated for each sample); a chat prompt travels as ``messages`` too (a reward model with its own
-chat template re-renders it). Prompts longer than ``data.max_prompt_tokens`` are dropped or cut from the
-left (``data.truncation``), with the count logged. Each batch is left-padded to its own longest prompt
-(:meth:`HFPromptDataset.collate`), not to the dataset's. Held-out prompts: ``split`` selects a split; a
-dataset without splits holds out its last ``data.eval_holdout`` rows (split ``train`` is the rest, any other
-split those rows; logged), so the pipeline's evaluation never sees training prompts. Bad input (a missing file or column, an empty dataset,
-a chat column and a tokenizer with no chat template) is one ``ConfigError`` line before training.
+``data.system_prompt`` and ``data.few_shot`` go before every prompt (:mod:`rlhf_train.data.prefix`: a system
+message and user / assistant turns for chat, a text prefix for text). Every other column (e.g. ``answer``)
+travels with its prompt to the reward functions (``columns`` of the batch, repeated for each sample); a chat
+prompt travels as ``messages`` too (a reward model with its own chat template re-renders it). Prompts longer
+than ``data.max_prompt_tokens`` are dropped or cut from the left (``data.truncation``), with the count logged.
+Each batch is left-padded to its own longest prompt (:meth:`HFPromptDataset.collate`), not to the dataset's.
+Held-out prompts: ``split`` selects a split; a dataset without splits holds out its last ``data.eval_holdout``
+rows (split ``train`` is the rest, any other split those rows), so the pipeline's evaluation never sees training
+prompts. One line at start says how many rows the data has, how many are held out and how many are used
+(``data.max_prompts``). Bad input (a missing file or column, an empty dataset, a chat column and a tokenizer
+with no chat template) is one ``ConfigError`` line before training.
 
 Text or chat is decided from every row of the column, held-out rows included (:mod:`rlhf_train.data.rows`);
 an invalid row (null, empty, an empty message list, a message without a role or with content that is not a
@@ -31,7 +34,8 @@ import torch
 from torch.utils.data import Dataset
 
 from rlhf_train.data.files import row_location, source_files
-from rlhf_train.data.loading import holdout, load_any
+from rlhf_train.data.loading import holdout, load_any, rows_line
+from rlhf_train.data.prefix import chat_messages, check_prefix, text_prefix
 from rlhf_train.data.rows import prompt_kind
 from rlhf_train.infra.errors import ConfigError
 
@@ -98,28 +102,38 @@ def read_prompts(dataset: str, split: str = "train", prompt_column: str | None =
 def hf_prompts(tokenizer, dataset: str, split: str = "train", prompt_column: str | None = None,
                text_as_chat: bool = False, max_prompt_tokens: int = 256, truncation: str = "drop",
                max_prompts: int | None = None, seed: int = 0, shuffle: bool = False,
-               eval_holdout: int = 64) -> HFPromptDataset:
+               eval_holdout: int = 64, system_prompt: str | None = None,
+               few_shot: list | None = None) -> HFPromptDataset:
     """The ``data=prompts`` dataset; see the module docstring (each argument is a ``data.*`` key)."""
+    examples = check_prefix(system_prompt, few_shot)
     source, has_splits, column, chat, where = read_prompts(dataset, split, prompt_column, max_prompt_tokens,
                                                            truncation, max_prompts)
     ds = holdout(source, has_splits, split, eval_holdout)
     if len(ds) == 0:
         raise ConfigError(f"data.dataset={dataset} (split '{split}') has no rows")
+    held = 0 if has_splits or eval_holdout <= 0 else min(int(eval_holdout), len(source) // 2)
     cols = ds.column_names
     if shuffle:
         ds = ds.shuffle(seed=seed)
     if max_prompts is not None:
         ds = ds.select(range(min(len(ds), int(max_prompts))))
+    log.info("%s", rows_line(dataset, split, has_splits, len(source), held, len(ds), max_prompts, shuffled=shuffle))
     values = list(ds[column])
     if chat or text_as_chat:
         if not getattr(tokenizer, "chat_template", None):
             raise ConfigError(f"data.prompt_column={column} holds chat messages but the tokenizer has no chat "
                               f"template; use the model's own tokenizer (tokenizer.pretrained) or plain text prompts")
-        messages = values if chat else [[{"role": "user", "content": str(v)}] for v in values]
+        rows = values if chat else [[{"role": "user", "content": str(v)}] for v in values]
+        own = sum(bool(m) and m[0].get("role") == "system" for m in rows) if system_prompt is not None else 0
+        if own:
+            log.info("[data] %d of %d prompts have their own system message: kept (data.system_prompt is given to "
+                     "the others)", own, len(rows))
+        messages = [chat_messages(m, system_prompt, examples) for m in rows]
         ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True)["input_ids"]
         text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     else:
-        messages, text = None, [str(v) for v in values]
+        prefix = text_prefix(system_prompt, examples)
+        messages, text = None, [prefix + str(v) for v in values]
         ids = tokenizer(text)["input_ids"]
     empty = [i for i, row in enumerate(ids) if len(row) == 0]
     if empty:  # a row of only characters the tokenizer drops: name the first source row holding that prompt

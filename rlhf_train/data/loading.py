@@ -131,15 +131,39 @@ def _read_files(fmt: str, files, dataset: str, key: str):
         builders.setLevel(level)
 
 
-def holdout(ds, has_splits: bool, split: str, eval_holdout: int, key: str = "data.dataset"):
+def holdout(ds, has_splits: bool, split: str, eval_holdout: int):
     """A dataset without splits: split ``train`` is all but its last ``eval_holdout`` rows (at most half),
     any other split (the evaluation's, e.g. ``test`` / ``valid``) those rows, so evaluation never sees
-    training prompts (logged)."""
+    training prompts (:func:`rows_line` says how many)."""
     if has_splits or eval_holdout <= 0:
         return ds
     n = len(ds)
     k = min(int(eval_holdout), n // 2)
-    if split != "train":
-        log.info("[data] %s has no splits: evaluating on its last %d rows (held out of training)", key, k)
-        return ds.select(range(n - k, n))
-    return ds.select(range(n - k))
+    return ds.select(range(n - k, n)) if split != "train" else ds.select(range(n - k))
+
+
+def rows_line(dataset: str, split: str, has_splits: bool, total: int, held: int, used: int,
+              max_prompts: int | None, holdout_key: str = "data.eval_holdout", shuffled: bool = False) -> str:
+    """The one line a prompt dataset logs at start: how many rows the data has, how many are held out for
+    evaluation (a dataset without splits) and how many this split uses (``data.max_prompts``)::
+
+        [data] 1,000 rows in prompts.jsonl; holding out the last 64 for evaluation (data.eval_holdout); using 256
+        of the other 936 (data.max_prompts=256)
+
+    ``total``: rows in the data (or in the split); ``held``: rows held out (0: none); ``used``: rows taken."""
+    where = f"split '{split}' of {dataset}" if has_splits else dataset
+    parts = [f"[data] {total:,} rows in {where}"]
+    rest = total if has_splits or not held else total - held if split == "train" else held
+    if not has_splits and split != "train":
+        parts.append(f"evaluating on the last {held:,} (held out of training by {holdout_key})" if held else
+                     f"none held out ({holdout_key}=0): evaluating on every row, the training rows too")
+    elif not has_splits:
+        parts.append(f"holding out the last {held:,} for evaluation ({holdout_key})" if held
+                     else f"none held out for evaluation ({holdout_key}=0)")
+    if used < rest:
+        of = "" if has_splits or not held else f" of the other {rest:,}" if split == "train" else " of them"
+        after = ", after a shuffle (data.seed)" if shuffled else ""
+        parts.append(f"using {used:,}{of} (data.max_prompts={max_prompts}{after})")
+    elif not has_splits and split == "train" and held:
+        parts.append(f"training on the other {rest:,}")
+    return "; ".join(parts)

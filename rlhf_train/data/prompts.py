@@ -6,13 +6,17 @@ response, the reward baseline of the TL;DR recipe), and an integer ``index``.
 """
 from __future__ import annotations
 
+import logging
+
 import torch
 from torch.utils.data import Dataset
 
 from rlhf_train.data.files import row_location, source_files
-from rlhf_train.data.loading import holdout, load_any
+from rlhf_train.data.loading import holdout, load_any, rows_line
 from rlhf_train.data.rows import prompt_kind
 from rlhf_train.infra.errors import ConfigError
+
+log = logging.getLogger(__name__)
 
 
 class PromptDataset(Dataset):
@@ -76,8 +80,12 @@ def tldr_prompts(tokenizer, dataset: str = "CarperAI/openai_summarize_tldr", spl
         # every row text, held-out ones included (rlhf_train/data/rows.py): a null is one line, not a TypeError
         prompt_kind(ds, col, lambda i: row_location(files, i, split), f"data.dataset={dataset}", f"column '{col}'",
                     chat=False, empty_ok=col == "label")
+    total = len(ds)
     ds = holdout(ds, has_splits, split, 64)
+    held = 0 if has_splits else min(64, total // 2)  # split train: those left out; any other split: those kept
     n = _limit(len(ds), max_prompts)
+    log.info("%s", rows_line(dataset, split, has_splits, total, held, n, max_prompts,
+                             holdout_key="a fixed 64 for TL;DR data", shuffled=n < len(ds)))
     ds = ds.shuffle(seed=seed).select(range(n)) if n < len(ds) else ds
     old_side, tokenizer.truncation_side = tokenizer.truncation_side, "left"
     try:
