@@ -36,7 +36,7 @@ from rlhf_train.infra.resume import load_checkpoint
 from rlhf_train.infra.run_dir import claim_run_dir
 from rlhf_train.loop import checks
 from rlhf_train.loop.build import Run, build_run, decide, make_accelerator
-from rlhf_train.loop.metrics import rollout_metrics, sample_rows
+from rlhf_train.loop.metrics import ConstantSourceWatch, accuracy_thresholds, rollout_metrics, sample_rows
 from rlhf_train.loop.state import TrainState
 from rlhf_train.models.export import export_policy
 
@@ -96,7 +96,9 @@ def step(run: Run, state: TrainState, batch) -> tuple[dict, Rollout] | None:
     else:  # the KL's weight in the loss (0: none), what the rollout was not shaped with
         kl_coef = kl_next = algorithm.kl_weight if algorithm.kl_in_loss else kl_coef
     # 5. metrics, reduced over processes
-    metrics = {**rollout_metrics(ro, run.decisions.group_size), **update_stats, "objective/kl_coef": kl_coef,
+    evaluation = run.cfg.get("evaluation") or {}  # reward/<name>/accuracy: the evaluation's threshold (default 1)
+    accuracy = accuracy_thresholds(run.rollout.reward_sources, evaluation.get("accuracy_threshold", 1.0))
+    metrics = {**rollout_metrics(ro, run.decisions.group_size, accuracy), **update_stats, "objective/kl_coef": kl_coef,
                "objective/kl_coef_next": kl_next, "faults/skipped_updates": state.faults.skipped,
                "faults/reward_errors": state.faults.reward_errors, "time/rollout_s": t_rollout,
                "time/update_s": t_update, "time/iteration_s": time.perf_counter() - t0,
@@ -164,6 +166,7 @@ def _loop(run: Run, run_dir: Path, resume_path, config_yaml: str) -> dict:
                                config_yaml=config_yaml, tokenizer=run.tokenizer, keep=t.keep_checkpoints,
                                rank_state=state.process_state_dict())  # each process's own
 
+    constant = ConstantSourceWatch(3)  # warns once per reward source that scores every sample the same
     metrics: dict = {}
     history = state.history  # every iteration's metrics, those before a resume included (checkpointed)
     iteration = start
@@ -174,6 +177,9 @@ def _loop(run: Run, run_dir: Path, resume_path, config_yaml: str) -> dict:
             if out is not None:
                 iteration = state.iteration = iteration + 1
                 metrics, ro = out
+                for line in constant.observe(ro.reward_sources):
+                    if accelerator.is_main_process:
+                        log.warning("[rlhf_train] %s", line)
                 samples = sample_rows(ro, run.tokenizer) if iteration % t.samples_every == 0 else None
                 if accelerator.is_main_process:
                     logger.log(metrics, iteration)

@@ -2,8 +2,9 @@
 
 1. The metric glossary (the table under "## Glossary" in docs/metrics.md) names exactly the metrics a
    training run logs: 1-iteration smoke runs in process (PPO, and GRPO for the critic-free metrics),
-   ``metrics.csv`` + ``timings.csv`` columns against the table. Template rows (``reward/<name>``) are
-   checked against ``rollout_metrics`` with two reward sources.
+   ``metrics.csv`` + ``timings.csv`` columns against the table. Template rows (``reward/<name>``,
+   ``reward/<name>/accuracy``) are checked against ``rollout_metrics`` with two reward sources and with a
+   function's accuracy threshold.
 2. The run summaries' table ("## Run summaries" in docs/metrics.md: ``sft/*``, ``rm/*``, ``summary.json``
    keys) names what the pipeline writes.
 3. Every metric a recipe card, a docs page or the README names is in one of those tables.
@@ -40,7 +41,7 @@ PAGES = [README, *DOCS]  # the README and the docs pages
 README_MAX_BYTES = 15_360
 HISTORY_MARKERS = [r"\bissue \d+", r"\bsession \d", r"this session"]
 
-METRIC_NAME = re.compile(r"^(objective|policy|loss|val|response|faults|time|reward|sft|rm)/[\w<>*]+$|^lr$")
+METRIC_NAME = re.compile(r"^(objective|policy|loss|val|response|completions|faults|time|reward|sft|rm)/[\w<>*]+(/[\w<>*]+)*$|^lr$")
 
 
 # --------------------------------------------------------------------------- Markdown parsing
@@ -117,11 +118,15 @@ def test_glossary_templates_match_rollout_metrics():
 
     glossary, _ = metrics_tables()
     templates = {n for n in glossary if "<" in n}
-    assert templates == {"reward/<name>"}, f"template rows of the glossary (docs/metrics.md): {templates}"
+    assert templates == {"reward/<name>", "reward/<name>/accuracy"}, \
+        f"template rows of the glossary (docs/metrics.md): {templates}"
     two = set(rollout_metrics(rollout({"rm": torch.ones(B), "length": torch.zeros(B)})))
     one = set(rollout_metrics(rollout({"rm": torch.ones(B)})))
     assert two - one == {"reward/rm", "reward/length"}
     assert not any(n.startswith("reward/") for n in one)
+    # reward/<name>/accuracy: for the sources given a threshold (every one but the reward models), even alone
+    fn = set(rollout_metrics(rollout({"answer": torch.ones(B)}), accuracy={"answer": 1.0}))
+    assert fn - one == {"reward/answer/accuracy"}
 
 
 # --------------------------------------------------------------------------- 2. the run summaries' table
