@@ -18,7 +18,9 @@ class UpdateConfig:
     clip_eps: float = 0.2
     ent_coef: float = 0.0
     max_grad_norm: Optional[float] = 1.0  # Optional[...], not `| None`: OmegaConf reads this as a schema
-
+    packing: bool = False                # micro-batches of sequences packed without padding (models/packed.py)
+    token_budget: int = 4096             # with packing: the most real tokens in one micro-batch
+    gradient_checkpointing: bool = False  # recompute the policy trunk's activations in the backward pass
 
 # the keys of the former `ppo` section and where each lives now (a `ppo.*` override is refused with this)
 MOVED_PPO_KEYS = {"num_epochs": "update", "minibatch_size": "update", "gradient_accumulation_steps": "update",

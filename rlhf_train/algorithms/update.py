@@ -10,20 +10,23 @@ import torch
 
 from rlhf_train.algorithms.base import Algorithm, PolicyOutput, finite_rows
 from rlhf_train.algorithms.configs import UpdateConfig
+from rlhf_train.algorithms.micro_batches import accumulation, micro_batches
 from rlhf_train.core.containers import Rollout
 from rlhf_train.core.sampling import SamplingParams
 from rlhf_train.infra.faults import Faults
 
 
-def policy_forward(policy, mb: Rollout, sampling: SamplingParams, with_entropy: bool) -> PolicyOutput:
+def policy_forward(policy, mb: Rollout, sampling: SamplingParams, with_entropy: bool,
+                   packed: bool = False) -> PolicyOutput:
     """ONE forward pass over the micro-batch's prompt + response: log-probs of its tokens under the
     sampling distribution, their entropies and the values, ``[b, T]`` each (the LM head runs at the
-    response positions only, see :func:`rlhf_train.models.scoring.response_logprobs`)."""
+    response positions only, see :func:`rlhf_train.models.scoring.response_logprobs`). ``packed``: the
+    rows as one packed row without padding (:mod:`rlhf_train.models.packed`)."""
     full, mask = mb.tokens.full, mb.masks.response
     prompt_len = full.shape[1] - mask.shape[1]
     log_probs, entropy, values = policy(full, mb.masks.full, prompt_len, labels=mb.tokens.response,
                                         temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
-                                        with_entropy=with_entropy)
+                                        with_entropy=with_entropy, **({"packed": True} if packed else {}))
     return PolicyOutput(log_probs, entropy, values)
 
 
@@ -41,7 +44,6 @@ def minibatch_update(policy, optimizer, lr_scheduler, accelerator, rollout: Roll
     """
     B = rollout.batch_size[0]
     mbs, accum = cfg.minibatch_size, cfg.gradient_accumulation_steps
-    micro = mbs // accum
     all_stats: list[dict] = []
     good_stats: list[dict] = []
     first_ratio = None
@@ -56,11 +58,13 @@ def minibatch_update(policy, optimizer, lr_scheduler, accelerator, rollout: Roll
             token_scale = accelerator.num_processes * accum / n_global.clamp(min=1).item()
             mb_stats = []
             skipped = False
-            for k in range(accum):
-                mb = rollout[idx[k * micro:(k + 1) * micro]]
-                with accelerator.accumulate(policy):
+            rows = micro_batches(rollout.masks.full[idx], idx, cfg, accelerator)  # packing: by token budget
+            for k, mb_rows in enumerate(rows):
+                mb = rollout[mb_rows]
+                with accumulation(accelerator, policy, cfg, last=k == len(rows) - 1):
                     # the entropy is logged from the first epoch (later epochs need it only as a bonus)
-                    out = policy_forward(policy, mb, sampling, with_entropy=epoch == 0 or algorithm.needs_entropy)
+                    out = policy_forward(policy, mb, sampling, with_entropy=epoch == 0 or algorithm.needs_entropy,
+                                         packed=cfg.packing)
                     loss, stats = algorithm.loss(out, mb)
                     loss = loss * algorithm.loss_units(mb.masks.response).clamp(min=1) * token_scale
                     finite = (torch.isfinite(loss) & finite_rows(mb).all()).float()

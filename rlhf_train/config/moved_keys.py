@@ -16,6 +16,8 @@ def moved_key_message(override: str) -> str | None:
         return (f"{key} is now {new}: the `ppo` section was split into `update` (num_epochs, minibatch_size, "
                 f"gradient_accumulation_steps, clip_eps, ent_coef, max_grad_norm; every algorithm) and `algorithm` "
                 f"(gamma, lam, vf_coef, clip_eps_value, whiten_advantages)")
+    if key == "policy.gradient_checkpointing":
+        return "policy.gradient_checkpointing is now update.gradient_checkpointing (the update's forward is what it recomputes)"
     if key == "rollout.hf_generate":
         return "rollout.hf_generate is now a config group: use generation=hf_generate (or generation=decode_loop)"
     if key == "transforms.ref_logprob" or key.startswith("transforms.ref_logprob."):

@@ -51,7 +51,6 @@ class PolicySchema:
     trust_remote_code: bool = False
     dropout: Optional[float] = 0.0
     value_head_init_std: float = 0.0
-    gradient_checkpointing: bool = False
     lora: LoraSchema = field(default_factory=LoraSchema)
     dtype: str = "float32"  # float32 | bfloat16
 

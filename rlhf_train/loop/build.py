@@ -135,7 +135,8 @@ def build_run(cfg: DictConfig, accelerator=None, run_dir: str | Path | None = No
     set_seed(cfg.trainer.seed)
     tokenizer = build_tokenizer(cfg) if tokenizer is None else tokenizer
     dataset = build_dataset(cfg, tokenizer)  # before the models: its errors come first (it draws no global RNG)
-    policy = instantiate_or_config_error(cfg.policy, tokenizer=tokenizer, value_head=algorithm.needs_critic)
+    policy = instantiate_or_config_error(cfg.policy, tokenizer=tokenizer, value_head=algorithm.needs_critic,
+                                         gradient_checkpointing=decisions.update.gradient_checkpointing)
     ref_model = build_reference_model(cfg, policy, tokenizer, algorithm.needs_reference, device)
     reward_model = build_reward_model(cfg, tokenizer, device)
     sources = build_sources(cfg, tokenizer, reward_model, device)
@@ -168,7 +169,8 @@ def build_run(cfg: DictConfig, accelerator=None, run_dir: str | Path | None = No
     rollout = RolloutFromModel(prepared, backend, reference, sources, shaping, eos_token_ids=eos, pad_token_id=pad,
                                max_new_tokens=cfg.rollout.max_new_tokens, sampling=decisions.sampling,
                                num_samples=decisions.group_size, logprob_batch_size=cfg.rollout.logprob_batch_size,
-                               unwrap_fn=accelerator.unwrap_model)
+                               unwrap_fn=accelerator.unwrap_model,
+                               token_budget=decisions.update.token_budget if decisions.update.packing else None)
     multi = accelerator.num_processes > 1
     gather = (lambda t: accelerator.gather(t.to(accelerator.device)).cpu()) if multi else (lambda t: t)
     all_reduce_sum = (lambda t: accelerator.reduce(t.to(accelerator.device), "sum").to(t.device)) if multi else None

@@ -9,7 +9,8 @@ the fix, before any work starts (or, for what needs the built objects, before th
 * :func:`check_models_set` (right before the models are built): a policy or reward model with neither
   weights nor an architecture;
 * :func:`check_built` (after the components are built): tokenizer / policy / reward-model vocabularies,
-  prompts + responses within the policy's context, the batch against ``update.minibatch_size``, the reward
+  prompts + responses within the policy's context, the batch against ``update.minibatch_size``, packing (the
+  longest sequence within ``update.token_budget``, a policy that keeps packed sequences apart), the reward
   model's output shapes, and every reward source on the first batch.
 """
 from __future__ import annotations
@@ -78,6 +79,7 @@ def check_positive(cfg: DictConfig) -> None:
         if value is None or value <= 0:
             raise ConfigError(f"{key}={value} must be positive")
     u = cfg["update"]  # (cfg.update is DictConfig's dict method)
+    check_packing_config(u)
     if u.minibatch_size % u.gradient_accumulation_steps:
         raise ConfigError(f"update.minibatch_size={u.minibatch_size} must be a multiple of "
                           f"update.gradient_accumulation_steps={u.gradient_accumulation_steps}")
@@ -85,6 +87,20 @@ def check_positive(cfg: DictConfig) -> None:
         raise ConfigError(f"rollout.temperature={cfg.rollout.temperature} must be positive")
     if cfg.trainer.keep_checkpoints < 0:
         raise ConfigError(f"trainer.keep_checkpoints={cfg.trainer.keep_checkpoints} must be >= 0 (0 keeps all)")
+
+
+def check_packing_config(u: DictConfig) -> None:
+    """``update.packing``: a positive ``update.token_budget``; the budget, not
+    ``update.gradient_accumulation_steps``, splits each minibatch into micro-batches."""
+    if not u.get("packing"):
+        return
+    if u.token_budget <= 0:
+        raise ConfigError(f"update.token_budget={u.token_budget} must be positive (the most tokens in one packed "
+                          f"micro-batch)")
+    if u.gradient_accumulation_steps != 1:
+        raise ConfigError(f"update.packing=true splits each minibatch into micro-batches of at most "
+                          f"update.token_budget tokens: leave update.gradient_accumulation_steps at 1 (it is "
+                          f"{u.gradient_accumulation_steps})")
 
 
 def check_algorithm(cfg: DictConfig) -> None:
@@ -253,6 +269,7 @@ def check_built(cfg: DictConfig, tokenizer, policy, reward_model, sources: dict,
     """Every check that needs the built components, in order (see the module docstring)."""
     check_vocabularies(tokenizer, policy, reward_model)
     check_fits(cfg, policy, dataset)
+    check_packing_fits(cfg, policy, dataset)
     if reward_model is not None:
         check_reward_model(reward_model, dataset)
     probe_sources(sources, dataset, cfg.data.batch_size)  # every source scores the first batch
@@ -299,6 +316,22 @@ def check_fits(cfg: DictConfig, policy, dataset) -> None:
         raise ConfigError(f"update.minibatch_size={mbs} exceeds the rollouts per iteration, "
                           f"data.batch_size={cfg.data.batch_size} x rollout.num_samples="
                           f"{cfg.rollout.get('num_samples', 1)}")
+
+
+def check_packing_fits(cfg: DictConfig, policy, dataset) -> None:
+    """``update.packing``: the longest sequence fits in ``update.token_budget``, and the policy keeps packed
+    sequences apart (:func:`rlhf_train.models.packed.check_packing`)."""
+    u = cfg["update"]
+    if not u.get("packing"):
+        return
+    need = dataset.prompt_width + cfg.rollout.max_new_tokens
+    if u.token_budget < need:
+        raise ConfigError(f"update.token_budget={u.token_budget} is less than the longest sequence: prompts "
+                          f"({dataset.prompt_width} tokens) + rollout.max_new_tokens ({cfg.rollout.max_new_tokens}) "
+                          f"= {need}; set update.token_budget>={need}")
+    from rlhf_train.models.packed import check_packing
+
+    check_packing(policy.lm)
 
 
 @torch.no_grad()

@@ -82,15 +82,20 @@ def build_reference(cfg: DictConfig, policy_lm, ref_model, sampling: SamplingPar
     adapter off (LoRA), or the frozen copy. Local kinds run under the policy's autocast in mixed precision."""
     batch = cfg.rollout.get("logprob_batch_size")
     autocast = accelerator.autocast if accelerator.mixed_precision != "no" else None
+    budget = cfg["update"].token_budget if cfg["update"].get("packing") else None  # packed scoring passes
     if is_peft_model(policy_lm):
-        return adapter_off(policy_lm, sampling, batch, autocast)
+        return adapter_off(policy_lm, sampling, batch, autocast, budget)
     if cfg.ref_model.get("ray_service", {}).get("enabled"):
         from rlhf_train.models.ray_reference import ray_ref_log_prob_fn
 
         fn = ray_ref_log_prob_fn(cfg, ref_model, run_dir)
         ref_model.to("cpu")  # the actor holds the reference now; free the accelerator's memory
         return remote(fn, "ray")
-    return frozen_copy(ref_model, sampling, batch, autocast)
+    if budget:
+        from rlhf_train.models.packed import check_packing
+
+        check_packing(ref_model, "the reference model")
+    return frozen_copy(ref_model, sampling, batch, autocast, budget)
 
 
 def build_reward_model(cfg: DictConfig, tokenizer, device) -> torch.nn.Module | None:

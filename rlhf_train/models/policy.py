@@ -10,6 +10,7 @@ model loaded from ``ref_model.pretrained``.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 from typing import Any
 
@@ -19,6 +20,7 @@ from torch import nn
 from rlhf_train.infra.errors import ConfigError
 from rlhf_train.models.loading import build_causal_lm
 from rlhf_train.models.lora import apply_lora
+from rlhf_train.models.packed import packed_forward
 from rlhf_train.models.scoring import (
     lm_trunk_and_head,
     response_hidden,
@@ -59,12 +61,24 @@ class PolicyWithValue(nn.Module):
         return self.lm.config
 
     def forward(self, full: torch.Tensor, full_mask: torch.Tensor, prompt_len: int, labels: torch.Tensor | None = None,
-                temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, with_entropy: bool = True):
+                temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, with_entropy: bool = True,
+                packed: bool = False):
         """``(logits [B, T, V], values [B, T])``; with ``labels [B, T]`` (the response tokens) instead
         ``(log_probs [B, T], entropy [B, T] or None, values [B, T])`` under the sampling distribution
         (temperature, top-k, top-p), without keeping more than one ``[B, T, V]`` tensor (see
-        :func:`response_logprobs`). Both go through ``forward``, so DDP/FSDP wrappers see them."""
+        :func:`response_logprobs`). Both go through ``forward``, so DDP/FSDP wrappers see them.
+        ``packed`` (with ``labels``): the rows' real tokens as one row without padding
+        (:func:`rlhf_train.models.packed.packed_forward`); the same results, 0 at padding."""
+        with checkpointing_active(self.lm):
+            return self._forward(full, full_mask, prompt_len, labels, temperature, top_k, top_p, with_entropy, packed)
+
+    def _forward(self, full, full_mask, prompt_len, labels, temperature, top_k, top_p, with_entropy, packed):
         trunk, head = lm_trunk_and_head(self.lm)
+        if packed:
+            if labels is None:
+                raise ValueError("PolicyWithValue: packed=True needs labels (packed logits are not returned)")
+            return packed_forward(trunk, head, self.value_head, full, full_mask, prompt_len, labels, temperature,
+                                  top_k, top_p, with_entropy)
         hidden = response_hidden(trunk, full, full_mask, prompt_len)
         values = self.value_head(hidden) if self.value_head is not None else None  # None: no critic
         if labels is None:
@@ -74,6 +88,37 @@ class PolicyWithValue(nn.Module):
 
     def generate(self, *args, **kwargs):
         return self.lm.generate(*args, **kwargs)
+
+
+def enable_checkpointing(lm: nn.Module) -> None:
+    """``update.gradient_checkpointing``: transformers' activation checkpointing on every layer of ``lm``'s
+    trunk (``use_reentrant=False``: torch's recommended variant, which needs no input that requires grad)."""
+    kwargs = {"use_reentrant": False}
+    if hasattr(lm, "activation_checkpointing_enable"):  # transformers >= 5.x (gradient_checkpointing_enable: deprecated)
+        lm.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
+
+@contextlib.contextmanager
+def checkpointing_active(lm: nn.Module):
+    """While gradients are recorded: ``lm``'s checkpointed layers in training mode, the rest as it is.
+
+    transformers checkpoints a layer only in training mode (``GradientCheckpointingLayer``: ``gradient_checkpointing
+    and training``), but the trainer keeps the policy in eval mode so that dropout stays off; so for the pass only
+    the layers' own flag is switched on: their submodules (attention, dropout) stay in eval mode, the outputs
+    are unchanged. A no-op without checkpointing or without gradients."""
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    layers = [] if not torch.is_grad_enabled() else [
+        m for m in lm.modules() if isinstance(m, GradientCheckpointingLayer) and m.gradient_checkpointing and not m.training]
+    for m in layers:
+        m.training = True
+    try:
+        yield
+    finally:
+        for m in layers:
+            m.training = False
 
 
 def build_policy(
@@ -94,8 +139,8 @@ def build_policy(
     only the adapter and the value head train."""
     # dtype (policy.dtype): float32 | bfloat16 weights; the value head computes in float32 (ValueHead.forward)
     lm = build_causal_lm(pretrained, config, tokenizer, trust_remote_code, dropout, "policy.pretrained", dtype)
-    if gradient_checkpointing:
-        lm.gradient_checkpointing_enable()
+    if gradient_checkpointing:  # update.gradient_checkpointing (the run passes it)
+        enable_checkpointing(lm)
     lm = apply_lora(lm, lora, gradient_checkpointing)
     # value_head=False (a critic-free algorithm; the trainer passes it): no value-head parameters at all
     return PolicyWithValue(lm, ValueHead(lm.config.hidden_size, value_head_init_std) if value_head else None)

@@ -13,7 +13,8 @@ kind                what runs
 
 :meth:`Reference.log_probs` scores the response tokens of prompt + response in one batched forward pass
 under the sampling **temperature only** (``SamplingParams.for_reference``): a top-k / top-p filter of the
-reference's own would give a sampled token outside it log π_ref = −inf. Under mixed precision the local
+reference's own would give a sampled token outside it log π_ref = −inf (with ``update.packing``: in packed
+micro-batches of at most ``update.token_budget`` tokens). Under mixed precision the local
 kinds run in the policy's autocast (the first iteration's KL is then exactly 0). A new kind (e.g. a
 vLLM server) is one more constructor here returning a :class:`Reference` over its ``log_probs`` function.
 """
@@ -26,6 +27,7 @@ import torch
 from torch import nn
 
 from rlhf_train.core.sampling import SamplingParams
+from rlhf_train.models.packed import packed_sequence_logprobs, token_budget_chunks
 from rlhf_train.models.scoring import sequence_logprobs
 
 # (full [B, P+T], full_mask [B, P+T], prompt_len) -> log π_ref of the response tokens [B, T]
@@ -55,8 +57,9 @@ class Reference:
 
 
 def _local_fn(lm: nn.Module, sampling: SamplingParams, batch_size: int | None,
-              context: Callable[[], contextlib.AbstractContextManager]) -> LogProbFn:
-    """One pass of ``lm`` over ``full`` in chunks of ``batch_size`` rows (bounds the ``[b, T, V]`` memory)."""
+              context: Callable[[], contextlib.AbstractContextManager], token_budget: int | None = None) -> LogProbFn:
+    """One pass of ``lm`` over ``full`` in chunks of ``batch_size`` rows (bounds the ``[b, T, V]`` memory);
+    with ``token_budget`` (``update.packing``) in packed micro-batches of at most that many tokens instead."""
     s = sampling.for_reference()
 
     @torch.no_grad()
@@ -64,6 +67,12 @@ def _local_fn(lm: nn.Module, sampling: SamplingParams, batch_size: int | None,
         device = next(lm.parameters()).device
         step = batch_size or full.shape[0]
         with context():
+            if token_budget:
+                out = torch.zeros(full.shape[0], full.shape[1] - prompt_len, device=full.device)
+                for rows in token_budget_chunks(full_mask, token_budget):
+                    out[rows] = packed_sequence_logprobs(lm, full[rows].to(device), full_mask[rows].to(device),
+                                                         prompt_len, s.temperature, s.top_k, s.top_p).to(full.device)
+                return out
             return torch.cat([
                 sequence_logprobs(lm, full[i:i + step].to(device), full_mask[i:i + step].to(device), prompt_len,
                                   s.temperature, s.top_k, s.top_p).to(full.device)
@@ -85,15 +94,18 @@ def _stack(*contexts: Callable[[], contextlib.AbstractContextManager] | None):
 
 
 def frozen_copy(model: nn.Module, sampling: SamplingParams, batch_size: int | None = None,
-                autocast: Callable[[], contextlib.AbstractContextManager] | None = None) -> Reference:
+                autocast: Callable[[], contextlib.AbstractContextManager] | None = None,
+                token_budget: int | None = None) -> Reference:
     """A frozen model of its own (a copy of the initial policy, or a pretrained dir)."""
-    return Reference(_local_fn(model, sampling, batch_size, _stack(autocast)), "copy", model)
+    return Reference(_local_fn(model, sampling, batch_size, _stack(autocast), token_budget), "copy", model)
 
 
 def adapter_off(lm: nn.Module, sampling: SamplingParams, batch_size: int | None = None,
-                autocast: Callable[[], contextlib.AbstractContextManager] | None = None) -> Reference:
+                autocast: Callable[[], contextlib.AbstractContextManager] | None = None,
+                token_budget: int | None = None) -> Reference:
     """The peft-wrapped policy LM with its adapter disabled during the pass: exactly the initial model."""
-    return Reference(_local_fn(lm, sampling, batch_size, _stack(lm.disable_adapter, autocast)), "adapter_off", lm)
+    return Reference(_local_fn(lm, sampling, batch_size, _stack(lm.disable_adapter, autocast), token_budget),
+                     "adapter_off", lm)
 
 
 def remote(fn: LogProbFn, kind: str = "ray") -> Reference:

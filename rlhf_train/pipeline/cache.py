@@ -42,7 +42,8 @@ STAGE_VERSIONS = {"sft": 1, "rm": 1, "rl": 1}
 
 # config keys that never change a stage's output (where things are written, how progress is shown)
 _NOT_HASHED = {"cache_dir", "progress_bar", "checkpoint_every", "samples_every", "keep_checkpoints", "resume",
-               "num_threads", "max_consecutive_faults", "preempt_grace_s", "device"}
+               "num_threads", "max_consecutive_faults", "preempt_grace_s", "device",
+               "gradient_checkpointing"}  # (recomputes the same activations)
 
 
 # --------------------------------------------------------------------------------------------

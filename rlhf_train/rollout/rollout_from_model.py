@@ -40,6 +40,7 @@ from rlhf_train.core.containers import (
 )
 from rlhf_train.core.sampling import SamplingParams
 from rlhf_train.generation.base import GenerationBackend
+from rlhf_train.models.packed import token_budget_chunks
 from rlhf_train.models.reference import Reference
 from rlhf_train.models.scoring import sequence_logprobs
 from rlhf_train.rewards.shaping import Shaping, apply_shaping
@@ -92,6 +93,8 @@ class RolloutFromModel:
         sampling: the sampling distribution; the policy's log-probs are taken under it.
         num_samples: responses per prompt (GRPO / RLOO groups), adjacent rows.
         logprob_batch_size: rows per scoring forward pass (bounds the ``[b, T, V]`` memory).
+        token_budget: ``update.token_budget`` with ``update.packing`` (else None): the policy's scoring pass
+            runs on packed micro-batches of at most this many tokens instead (:mod:`rlhf_train.models.packed`).
         unwrap_fn: unwraps a DDP / FSDP / Accelerate-prepared policy.
     """
 
@@ -99,7 +102,8 @@ class RolloutFromModel:
                  reward_sources: dict[str, tuple[RewardSource, float]], shaping: dict[str, Shaping], *,
                  eos_token_ids: tuple[int, ...], pad_token_id: int, max_new_tokens: int,
                  sampling: SamplingParams = SamplingParams(), num_samples: int = 1,
-                 logprob_batch_size: int | None = None, unwrap_fn: Callable | None = None):
+                 logprob_batch_size: int | None = None, unwrap_fn: Callable | None = None,
+                 token_budget: int | None = None):
         if max_new_tokens <= 0:
             raise ValueError(f"max_new_tokens must be positive, got {max_new_tokens}")
         self.policy, self.backend, self.reference = policy, backend, reference
@@ -107,6 +111,7 @@ class RolloutFromModel:
         self.eos_token_ids, self.pad_token_id = tuple(eos_token_ids), int(pad_token_id)
         self.max_new_tokens, self.sampling, self.num_samples = max_new_tokens, sampling, num_samples
         self.logprob_batch_size, self.unwrap_fn = logprob_batch_size, unwrap_fn or (lambda m: m)
+        self.token_budget = token_budget
         # a PolicyWithValue built without a value head (a critic-free algorithm): the rollout has no values
         base = self.unwrap_fn(policy)
         self.has_critic = getattr(base, "value_head", "plain LM") is not None
@@ -139,6 +144,8 @@ class RolloutFromModel:
         """One pass of the policy over prompt + response: ``log_probs [B, T]`` and ``values [B, T]`` (or None)."""
         base = self.unwrap_fn(self.policy)
         response, s = full[:, prompt_len:], self.sampling
+        if self.token_budget and hasattr(base, "value_head"):  # packed micro-batches (update.packing)
+            return self.packed_log_probs_and_values(base, full, full_mask, prompt_len)
         step = self.logprob_batch_size or full.shape[0]
         log_probs, values = [], []
         for i in range(0, full.shape[0], step):
@@ -152,6 +159,19 @@ class RolloutFromModel:
                 lp = sequence_logprobs(base, full[c], full_mask[c], prompt_len, s.temperature, s.top_k, s.top_p)
             log_probs.append(lp)
         return torch.cat(log_probs), (torch.cat(values) if values else None)
+
+    def packed_log_probs_and_values(self, base, full: torch.Tensor, full_mask: torch.Tensor, prompt_len: int):
+        """:meth:`policy_log_probs_and_values` on packed micro-batches of at most ``token_budget`` tokens."""
+        B, T, s = full.shape[0], full.shape[1] - prompt_len, self.sampling
+        log_probs = torch.zeros(B, T, device=full.device)
+        values = torch.zeros(B, T, device=full.device) if base.value_head is not None else None
+        for rows in token_budget_chunks(full_mask, self.token_budget):
+            lp, _, v = base(full[rows], full_mask[rows], prompt_len, labels=full[rows, prompt_len:],
+                            temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, with_entropy=False, packed=True)
+            log_probs[rows] = lp.float()
+            if values is not None:
+                values[rows] = v.float()
+        return log_probs, values
 
     @torch.no_grad()
     def score(self, batch, full: torch.Tensor, prompt_mask: torch.Tensor, log_probs: torch.Tensor | None = None,
