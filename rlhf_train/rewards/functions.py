@@ -127,7 +127,8 @@ def final_answer_match(prompts: list[str], completions: list[str], column: str =
 
 def readable_answer(text: str, kind: str = "math") -> bool:
     """Whether ``text`` (an ``<answer>`` tag's content) is an answer: non-empty and free of ``<think>`` /
-    ``<answer>`` tags; ``kind="math"``: it :func:`is_math` and math-verify finds a number or expression in it; ``"text"``: any."""
+    ``<answer>`` tags; ``kind="math"``: it :func:`is_math` and math-verify finds a number or expression in it;
+    ``"text"``: any."""
     text = text.strip()
     if not text or re.search(r"</?(?:think|answer)>", text, re.IGNORECASE):
         return False
