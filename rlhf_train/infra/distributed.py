@@ -10,7 +10,9 @@ import torch
 
 def reduce_metrics(metrics: dict, accelerator) -> dict:
     names = sorted(metrics)
-    vals = torch.stack([torch.as_tensor(metrics[k], dtype=torch.float32).reshape(()) for k in names]).to(accelerator.device)
+    # each value onto the accelerator's device first: on a GPU the metrics mix CUDA tensors and CPU floats
+    vals = torch.stack([torch.as_tensor(metrics[k], dtype=torch.float32, device=accelerator.device).reshape(())
+                        for k in names])
     if accelerator.num_processes > 1:
         vals = accelerator.reduce(vals, "mean")
     return {k: float(v) for k, v in zip(names, vals.cpu())}
