@@ -284,6 +284,12 @@ class EvaluationSchema:
     plot: bool = True
     seed: int = 0
     fluency_max_drop: float = 0.5
+    # held-out evaluation of the reward sources (rlhf_train/loop/evaluation.py)
+    num_samples: int = 1  # samples per prompt at the rollout's sampling settings (pass@k, mean@k)
+    pass_k: List[int] = field(default_factory=list)  # the k of pass@k, each 1..num_samples; empty: num_samples
+    greedy: bool = False  # also decode every prompt greedily (eval/greedy/...)
+    accuracy_threshold: float = 1.0  # a reward function's row is correct when scored >= this
+    every: int = 0  # the RL loop also evaluates every N iterations (stage=rl: at 0 and the last anyway)
 
 
 @dataclass

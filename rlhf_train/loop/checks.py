@@ -5,7 +5,7 @@ the fix, before any work starts (or, for what needs the built objects, before th
   ``rollout.hf_generate``, ``transforms.ref_logprob``) named with their new place; ``+``-added keys; names
   and ranges; the algorithm against ``rollout.num_samples``; model dirs that cannot load; the shaping stack
   dry-run on a stand-in rollout; LoRA with a Ray reference; the data (``rlhf_train/data/checks.py``: every
-  row of ``data=prompts``, read before any model is built);
+  row of ``data=prompts``, read before any model is built); the held-out evaluation's samples and split;
 * :func:`check_models_set` (right before the models are built): a policy or reward model with neither
   weights nor an architecture;
 * :func:`check_built` (after the components are built): tokenizer / policy / reward-model vocabularies,
@@ -38,6 +38,23 @@ def check_config(cfg: DictConfig) -> None:
     check_model_dirs(cfg)
     check_stack(cfg)
     check_data(cfg)
+    check_evaluation(cfg)
+
+
+def check_evaluation(cfg: DictConfig) -> None:
+    """``evaluation`` (set and enabled): samples and pass@k's k in range; the RL loop's (``stage=rl``) held-out
+    prompts exist: a dataset with splits, evaluated on another split than the one it trains on."""
+    e = cfg.get("evaluation")
+    if e is None or not e.enabled:
+        return
+    if e.num_samples < 1 or e.every < 0:
+        raise ConfigError(f"evaluation.num_samples={e.num_samples} must be positive and evaluation.every={e.every} >= 0")
+    if any(not 1 <= k <= e.num_samples for k in e.pass_k):
+        raise ConfigError(f"evaluation.pass_k={list(e.pass_k)}: each k must be in 1..{e.num_samples} (num_samples)")
+    if cfg.stage == "rl" and cfg.data.get("split", e.split) == e.split:  # (no split key: the same prompts)
+        raise ConfigError(f"evaluation.split={e.split}: {cfg.data._target_} trains on these prompts; the RL loop's "
+                          f"held-out evaluation needs others: another split (a dataset without splits holds out its "
+                          f"last data.eval_holdout rows under any split but train), or evaluation=null")
 
 
 def check_removed_keys(cfg: DictConfig) -> None:

@@ -36,6 +36,7 @@ from rlhf_train.infra.resume import load_checkpoint
 from rlhf_train.infra.run_dir import claim_run_dir
 from rlhf_train.loop import checks
 from rlhf_train.loop.build import Run, build_run, decide, make_accelerator
+from rlhf_train.loop.evaluation import HeldOutEval
 from rlhf_train.loop.metrics import ConstantSourceWatch, accuracy_thresholds, rollout_metrics, sample_rows
 from rlhf_train.loop.state import TrainState
 from rlhf_train.models.export import export_policy
@@ -147,6 +148,7 @@ def _loop(run: Run, run_dir: Path, resume_path, config_yaml: str) -> dict:
             log.info("[rlhf_train] resumed from %s at iteration %d (run %s)", resume_path, state.iteration, state.run_id)
     start = state.iteration
     initial_max_abs = max_abs_weight(accelerator.unwrap_model(policy))  # the fault stop's divergence scale
+    held_out = HeldOutEval.build(run)  # evaluation set: eval/... at 0, every evaluation.every and the last
     logger = None
     if accelerator.is_main_process:
         logger = build_logger(cfg.logger, run_dir, OmegaConf.to_container(cfg, resolve=True),
@@ -171,6 +173,10 @@ def _loop(run: Run, run_dir: Path, resume_path, config_yaml: str) -> dict:
     history = state.history  # every iteration's metrics, those before a resume included (checkpointed)
     iteration = start
     try:
+        if held_out is not None and start == 0:  # the initial policy, logged as iteration 0
+            initial = held_out.run_at(0)
+            if accelerator.is_main_process:
+                logger.log(initial, 0)
         while iteration < t.num_iterations:
             state.data_epoch, state.data_batch, batch = next(batches)  # this process's shard
             out = step(run, state, batch)
@@ -180,6 +186,8 @@ def _loop(run: Run, run_dir: Path, resume_path, config_yaml: str) -> dict:
                 for line in constant.observe(ro.reward_sources):
                     if accelerator.is_main_process:
                         log.warning("[rlhf_train] %s", line)
+                if held_out is not None and held_out.due(iteration):  # its own RNG: training unchanged
+                    metrics = {**metrics, **held_out.run_at(iteration)}
                 samples = sample_rows(ro, run.tokenizer) if iteration % t.samples_every == 0 else None
                 if accelerator.is_main_process:
                     logger.log(metrics, iteration)
