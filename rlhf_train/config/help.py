@@ -70,7 +70,7 @@ GROUP_HELP = {
     "transforms": "the reward-shaping stack: score shaping -> KL -> per-token reward",
     "data": "the prompts (and their reference responses, when the task has them)",
     "rollout": "how responses are sampled: length, temperature, top-k / top-p",
-    "generation": "the generation backend: decode_loop (KV-cached loop) or hf_generate",
+    "generation": "the generation backend: decode_loop (KV-cached loop), static_cache (compiled, GPUs), auto or hf_generate",
     "update": "the minibatch update's keys (epochs, minibatches, clip, grad norm)",
     "algorithm": "PPO, GRPO, RLOO or REINFORCE++: advantages, loss, KL place, GAE",
     "optimizer": "the optimizer of the policy and value head",

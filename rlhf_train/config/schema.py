@@ -176,6 +176,14 @@ class RolloutSchema:
 
 
 @dataclass
+class StaticCacheGenerationSchema:  # conf/generation/static_cache.yaml -> generation.static_cache.StaticCacheBackend
+    _target_: str = "rlhf_train.generation.static_cache.StaticCacheBackend"
+    compile: Optional[bool] = None  # None: on CUDA
+    cache_multiple: int = 64
+    check_every: int = 8
+
+
+@dataclass
 class OptimizerSchema:
     _target_: str = "torch.optim.AdamW"
     lr: float = 1e-5
@@ -361,6 +369,7 @@ def register_configs() -> None:
     cs.store(group="data", name="tldr_schema", node=TldrDataSchema)
     cs.store(group="data", name="prompts_schema", node=PromptsDataSchema)
     cs.store(group="rollout", name="rollout_schema", node=RolloutSchema)
+    cs.store(group="generation", name="static_cache_schema", node=StaticCacheGenerationSchema)
     cs.store(group="update", name="update_schema", node=UpdateConfig)  # the typed section the update reads
     cs.store(group="algorithm", name="algorithm_schema", node=AlgorithmConfig)  # estimator, loss variant, KL place
     cs.store(group="optimizer", name="optimizer_schema", node=OptimizerSchema)

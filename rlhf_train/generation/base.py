@@ -1,14 +1,16 @@
 """The generation seam: prompt tokens in, response tokens (and, where the backend has them for free,
 their sampling log-probs and the critic's values) out.
 
-A new backend (vLLM, SGLang, a static-cache decode loop, ...) goes in ``rlhf_train/generation/<name>.py``
+A new backend (vLLM, SGLang, ...) goes in ``rlhf_train/generation/<name>.py``
 as a class with :meth:`GenerationBackend.generate` and a constructor taking the policy and the rollout's
 settings (``eos_token_id``, ``pad_token_id``, ``max_new_tokens``, ``sampling``, ``do_sample``, ``with_scores``,
 ``unwrap_fn``) plus its YAML keys, and ``conf/generation/<name>.yaml`` naming it by ``_target_``:
 ``generation=<name>`` then selects it (``rlhf_train/loop/components.py`` builds it with the policy and these
 settings). Implementations: :class:`rlhf_train.generation.decode_loop.DecodeLoopBackend` (the default:
-rlhf_train's KV-cached loop) and :class:`rlhf_train.generation.hf_generate.HFGenerateBackend`
-(``transformers``' ``generate``).
+rlhf_train's KV-cached loop), :class:`rlhf_train.generation.static_cache.StaticCacheBackend` (that loop over a
+static KV cache, its step compiled; ``generation=auto`` picks it on CUDA) and
+:class:`rlhf_train.generation.hf_generate.HFGenerateBackend` (``transformers``' ``generate``). ``_target_``
+may also name a factory returning a backend (``rlhf_train.generation.auto.auto_backend``).
 """
 from __future__ import annotations
 

@@ -58,7 +58,7 @@ def _cache_of(out):
     return cache if cache is not None else out.past_key_values
 
 
-def _pick(logits_t: torch.Tensor, sampling: SamplingParams, do_sample: bool):
+def pick_next(logits_t: torch.Tensor, sampling: SamplingParams, do_sample: bool):
     """Next tokens ``[B]`` (and their log-probs ``[B]`` under the sampling distribution, or None when greedy)
     from vocabulary-major logits ``[V, B]`` (overwritten)."""
     if not do_sample:
@@ -104,7 +104,7 @@ def sample_with_cache(lm: nn.Module, prompt: torch.Tensor, prompt_mask: torch.Te
         if keep_hidden:
             hidden.append(h)
         logits_t = logits_buffer = vocab_major_logits(head, h, out=logits_buffer)
-        token, log_prob = _pick(logits_t, sampling, do_sample)
+        token, log_prob = pick_next(logits_t, sampling, do_sample)
         token = token.masked_fill_(finished, pad_token_id)
         tokens.append(token)
         if log_prob is not None:

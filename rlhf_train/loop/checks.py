@@ -92,6 +92,7 @@ def check_positive(cfg: DictConfig) -> None:
         checks.append(("rollout.logprob_batch_size", cfg.rollout.logprob_batch_size))
     if "target" in cfg.kl_controller:
         checks += [("kl_controller.target", cfg.kl_controller.target), ("kl_controller.horizon", cfg.kl_controller.horizon)]
+    checks += [(f"generation.{k}", cfg.generation[k]) for k in ("cache_multiple", "check_every") if k in cfg.generation]
     for key, value in checks:
         if value is None or value <= 0:
             raise ConfigError(f"{key}={value} must be positive")

@@ -126,17 +126,20 @@ def build_dataset(cfg: DictConfig, tokenizer):
 
 def build_backend(cfg: DictConfig, policy, eos_token_ids: tuple[int, ...], pad_token_id: int,
                   sampling: SamplingParams, with_scores: bool, unwrap_fn):
-    """The ``generation`` group's backend over the (prepared) policy, with the rollout's settings."""
-    from hydra.utils import get_class
+    """The ``generation`` group's backend over the (prepared) policy, with the rollout's settings
+    (``_target_``: a backend class, or a factory such as ``generation=auto``'s that picks one)."""
+    from hydra.utils import get_object
 
     r = cfg.rollout
     eos = list(eos_token_ids) if len(eos_token_ids) > 1 else eos_token_ids[0]
     node = OmegaConf.to_container(cfg.generation, resolve=True)
     try:
-        backend_cls = get_class(node.pop("_target_"))
+        backend_cls = get_object(node.pop("_target_"))
+        if not callable(backend_cls):
+            raise TypeError(f"{backend_cls!r} is not a class or function")
     except Exception as err:
-        raise ConfigError(f"generation._target_: {err}; choose generation=decode_loop or generation=hf_generate") \
-            from None
+        raise ConfigError(f"generation._target_: {err}; choose generation=auto, decode_loop, static_cache or "
+                          "hf_generate") from None
     # called directly, not through hydra's instantiate: the runtime objects (policy, SamplingParams) stay as they are
     return backend_cls(policy, eos_token_id=eos, pad_token_id=pad_token_id, max_new_tokens=r.max_new_tokens,
                        sampling=sampling, do_sample=r.do_sample, with_scores=with_scores, unwrap_fn=unwrap_fn, **node)

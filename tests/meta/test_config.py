@@ -162,12 +162,14 @@ def test_group_option_composes(group, option, tokenizer, tmp_path):
     elif group == "algorithm":
         algorithm = decide(cfg).algorithm
         assert algorithm.needs_critic == (node.name == "ppo")
-    elif group == "generation":
-        from hydra.utils import get_class
+    elif group == "generation":  # a backend class or a factory (auto), built over a tiny policy with its keys
+        from hydra.utils import get_object
 
         from rlhf_train.generation.base import GenerationBackend
+        from tests.helpers.reliability import tiny_policy
 
-        backend = get_class(node._target_)
+        keys = {k: v for k, v in OmegaConf.to_container(node, resolve=True).items() if k != "_target_"}
+        backend = get_object(node._target_)(tiny_policy(), eos_token_id=0, pad_token_id=1, max_new_tokens=2, **keys)
         assert callable(getattr(backend, "generate", None)), GenerationBackend
     elif group == "data":
         if node.get("dataset") and is_hub_name(node.dataset):
