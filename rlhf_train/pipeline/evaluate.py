@@ -1,11 +1,15 @@
 """Evaluation of the pipeline: the policy before the RL stage (the SFT model) against the policy after it.
 
-``evaluate_policy`` samples one continuation per held-out prompt with the rollout's sampling settings
-(``rollout.max_new_tokens``, ``temperature``, ``top_k``, ``top_p``) and the same seed for both policies,
-through :class:`~rlhf_train.rollout.rollout_from_model.RolloutFromModel` (one ``generate``, then one forward pass each of
-policy, reference and reward model), and measures:
+``evaluate_policy`` samples ``evaluation.num_samples`` continuations per held-out prompt with the rollout's
+sampling settings (``rollout.max_new_tokens``, ``temperature``, ``top_k``, ``top_p``) and the same seed for both
+policies, through :class:`~rlhf_train.rollout.rollout_from_model.RolloutFromModel` (one ``generate``, then one
+forward pass each of policy, reference and the reward sources), and (``evaluation.greedy``) decodes each prompt
+greedily once more (:mod:`rlhf_train.loop.evaluation`). It measures:
 
-* ``reward``: the reward model's raw score of prompt + continuation (what the RL stage maximised);
+* ``reward``: the weighted sum of the run's reward sources (``reward_model`` and the ``rewards`` functions, their
+  raw scores: what the RL stage maximised), over every sampled continuation;
+* ``eval``: the held-out metrics of every source (:func:`rlhf_train.loop.evaluation.held_out_metrics`: each
+  source's mean; for reward functions accuracy, pass@k and mean@k; the completion length), sampled and greedy;
 * ``judge_positive_rate``: the fraction of continuations an **independent judge** calls positive: the
   task's judge (``evaluation.judge_fn``; the movie reviews': a bag-of-words logistic regression trained on
   ``judge_train`` reviews, which the reward model never saw). The judge reads the **continuation only** (the
@@ -30,37 +34,39 @@ from omegaconf import DictConfig
 
 
 @torch.no_grad()
-def evaluate_policy(lm, ref_lm, reward_model, tokenizer, prompts, cfg: DictConfig, judge=None) -> dict[str, Any]:
-    """Sample on every prompt of ``prompts`` (a :class:`~rlhf_train.data.prompts.PromptDataset`) and score.
+def evaluate_policy(lm, ref_lm, sources: dict, tokenizer, prompts, cfg: DictConfig, judge=None) -> dict[str, Any]:
+    """Sample on every prompt of ``prompts`` (a :class:`~rlhf_train.data.prompts.PromptDataset`) and score with
+    ``sources`` (``{name: (RewardSource, weight)}``).
 
-    Returns the means above plus per-prompt lists: ``prompt``, ``continuation``, ``score``, ``kl`` and
+    Returns the means above, ``eval`` (the ``eval/...`` metrics) and per-row lists (``num_samples`` rows per
+    prompt, adjacent): ``prompt``, ``continuation``, ``score``, ``kl``, ``parts`` (each source's score) and
     (with a judge) ``judge_prob``.
     """
     from torch.utils.data import DataLoader
 
-    from rlhf_train.data.prompts import collate
     from rlhf_train.core.sampling import SamplingParams
+    from rlhf_train.data.prompts import collate
     from rlhf_train.loop.components import build_backend
+    from rlhf_train.loop.evaluation import build_backends, evaluate_held_out, function_sources, held_out_metrics
     from rlhf_train.models.reference import frozen_copy
     from rlhf_train.rewards.shaping import KLDivergence
-    from rlhf_train.rewards.sources import RewardModelSource
     from rlhf_train.rollout.rollout_from_model import RolloutFromModel, special_ids
 
     r, e = cfg.rollout, cfg.evaluation
-    # the product rollout with β = 0 and only the KL entry of the shaping stack: the score is the reward
-    # model's raw score, the KL to the reference (k1, per sequence) is only measured
+    # the product rollout with β = 0 and only the KL entry of the shaping stack: the score is the sources' raw
+    # weighted sum, the KL to the reference (k1, per sequence) is only measured
     sampling = SamplingParams(r.temperature, r.top_k, r.top_p)
     eos, pad = special_ids(lm, tokenizer)
     backend = build_backend(cfg, lm, eos, pad, sampling, with_scores=True, unwrap_fn=None)  # the `generation` group's
-    rollout = RolloutFromModel(lm, backend, frozen_copy(ref_lm, sampling, r.logprob_batch_size),
-                               {"reward_model": (RewardModelSource(reward_model, pad, r.logprob_batch_size), 1.0)},
+    rollout = RolloutFromModel(lm, backend, frozen_copy(ref_lm, sampling, r.logprob_batch_size), sources,
                                {"kl": KLDivergence("k1")}, eos_token_ids=eos, pad_token_id=pad,
-                               max_new_tokens=r.max_new_tokens, sampling=sampling,
+                               max_new_tokens=r.max_new_tokens, sampling=sampling, num_samples=e.num_samples,
                                logprob_batch_size=r.logprob_batch_size)
     was_training = lm.training
     lm.eval()
     torch.manual_seed(e.seed)  # the same sampling noise for every policy evaluated
-    out: dict[str, list] = {"prompt": [], "continuation": [], "score": [], "kl": [], "ref_logprob": [], "length": []}
+    out: dict[str, Any] = {"prompt": [], "continuation": [], "score": [], "kl": [], "ref_logprob": [], "length": [],
+                           "parts": {name: [] for name in sources}}
     for batch in DataLoader(prompts, batch_size=e.batch_size, shuffle=False, collate_fn=getattr(prompts, "collate", collate)):
         ro = rollout(batch, kl_coef=0.0)
         tokens, masks = ro.tokens, ro.masks
@@ -72,13 +78,22 @@ def evaluate_policy(lm, ref_lm, reward_model, tokenizer, prompts, cfg: DictConfi
         out["kl"] += ro.kl_per_sequence.float().tolist()
         out["ref_logprob"] += ro.ref_log_prob.float().masked_fill(~masks.response, 0.0).sum(-1).tolist()
         out["length"] += masks.response.sum(-1).tolist()
-    lm.train(was_training)
+        for name in sources:
+            out["parts"][name] += ro.reward_sources[name].float().tolist()
     n = len(out["score"])
     scores = torch.tensor(out["score"])
-    res: dict[str, Any] = {"num_prompts": n, "reward": float(scores.mean()), "reward_std": float(scores.std()),
+    parts = {name: torch.tensor(v, dtype=torch.float32) for name, v in out["parts"].items()}
+    metrics = held_out_metrics("sampled", parts, torch.tensor(out["length"]), e.num_samples, function_sources(sources),
+                               e.accuracy_threshold, list(e.pass_k))
+    if e.greedy:  # one greedy decode per prompt through the same backend group
+        greedy = build_backends(cfg, lm, eos, pad, sampling, None, modes=("greedy",))
+        metrics.update(evaluate_held_out(greedy, sources, prompts, e, eos, pad)[0])
+    lm.train(was_training)
+    res: dict[str, Any] = {"num_prompts": n // e.num_samples, "num_samples": e.num_samples,
+                           "reward": float(scores.mean()), "reward_std": float(scores.std()),
                            "kl_per_sequence": sum(out["kl"]) / n,
                            "fluency_logprob": sum(out["ref_logprob"]) / max(sum(out["length"]), 1),
-                           "repetition_rate": repetition_rate(out["continuation"])}
+                           "repetition_rate": repetition_rate(out["continuation"]), "eval": metrics}
     if judge is not None:
         probs = judge.positive_prob(out["continuation"]).tolist()
         out["judge_prob"] = probs
@@ -101,16 +116,20 @@ def repetition_rate(texts: list[str], n: int = 3) -> float:
 
 
 def samples_table(before: dict, after: dict, n: int) -> list[dict]:
-    """The first ``n`` prompts with their continuations before and after the RL stage (and their scores)."""
-    rows = []
+    """The first ``n`` prompts with their (first) continuations before and after the RL stage and their scores
+    (with several reward sources, each source's score too)."""
+    rows, k = [], before.get("num_samples", 1)
     for i in range(min(n, before["num_prompts"])):
-        row = {"prompt": before["per_prompt"]["prompt"][i]}
+        j = i * k  # the prompt's first sample
+        row = {"prompt": before["per_prompt"]["prompt"][j]}
         for name, res in (("before", before), ("after", after)):
             pp = res["per_prompt"]
-            row[name] = pp["continuation"][i]
-            row[f"reward_{name}"] = round(pp["score"][i], 3)
+            row[name] = pp["continuation"][j]
+            row[f"reward_{name}"] = round(pp["score"][j], 3)
+            if len(pp.get("parts", {})) > 1:
+                row[f"sources_{name}"] = {src: round(v[j], 3) for src, v in pp["parts"].items()}
             if "judge_prob" in pp:
-                row[f"judge_prob_{name}"] = round(pp["judge_prob"][i], 3)
+                row[f"judge_prob_{name}"] = round(pp["judge_prob"][j], 3)
         rows.append(row)
     return rows
 
@@ -125,7 +144,16 @@ def format_table(summary: dict, initial: str = "SFT", algorithm: str = "PPO") ->
         a = "-" if after is None else fmt.format(after)
         lines.append(f"{label:34s}{b:>{w}s}{a:>{w}s}")
 
-    row("reward-model score", summary["reward_before"], summary["reward_after"])
+    sources = summary.get("reward_sources", ["reward_model"])
+    row("reward-model score" if sources == ["reward_model"] else "score (weighted sum of sources)",
+        summary["reward_before"], summary["reward_after"])
+    before_eval, after_eval = summary.get("eval_before", {}), summary.get("eval_after", {})
+    for key in after_eval:  # eval/<mode>/<name>/<metric> and eval/<mode>/completion_length
+        mode, rest = key.split("/", 2)[1:]
+        if rest.startswith("reward_model/"):  # the reward model's mean is the score above
+            continue
+        label = f"{rest.replace('/', ': ', 1).replace('_', ' ')} ({mode})"
+        row(label if len(label) <= 33 else label[:32] + "…", before_eval.get(key), after_eval[key])
     if "judge_positive_rate_before" in summary:
         row("judge positive rate (continuation)", summary["judge_positive_rate_before"],
             summary["judge_positive_rate_after"])

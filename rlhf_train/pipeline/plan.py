@@ -23,6 +23,19 @@ def algorithm_name(cfg: DictConfig) -> str:
     return cfg.algorithm.name.upper() if cfg.get("algorithm") is not None else "PPO"
 
 
+def uses_reward_model(cfg: DictConfig) -> bool:
+    """Whether the RL stage has a reward model (``reward_model=none``: the ``rewards`` functions score alone)."""
+    node = cfg.get("reward_model")
+    return node is not None and bool(node.get("_target_"))
+
+
+def trains_reward_model(cfg: DictConfig) -> bool:
+    """``stage=rm``, or a pipeline whose reward model is not given (``reward_model.pretrained``)."""
+    # `???` (reward_model=pretrained with no dir) reads as unset here; the RL stage names that key itself
+    return cfg.stage == "rm" or (cfg.stage == "pipeline" and uses_reward_model(cfg)
+                                 and not OmegaConf.select(cfg, "reward_model.pretrained"))
+
+
 def sft_key(cfg: DictConfig) -> str:
     return stage_key("sft", {"tokenizer": cfg.tokenizer, "policy_config": cfg.policy.config, "sft": cfg.sft,
                              "split_seed": cfg.data.seed})
@@ -40,6 +53,10 @@ def rl_key(cfg: DictConfig, policy: str, reward: str) -> str:
         parts["algorithm"] = cfg.algorithm
     parts["policy"] = {k: v for k, v in _plain(cfg.policy).items() if k != "pretrained"}
     parts["reward_model"] = {k: v for k, v in _plain(cfg.reward_model).items() if k != "pretrained"}
+    if cfg.get("rewards"):  # the reward functions (keys without them are those from before they were hashed)
+        parts["rewards"] = cfg.rewards
+    if cfg.get("evaluation") is not None and cfg.evaluation.enabled and cfg.evaluation.every > 0:
+        parts["evaluation"] = cfg.evaluation  # the RL stage's own held-out evaluation (its history)
     return stage_key("rl", {**parts, "policy_from": policy, "reward_from": reward})
 
 
@@ -84,11 +101,10 @@ def preflight(cfg: DictConfig, plan: dict) -> None:
     if plan["run_rl"]:  # the loop's checks, on the config with the models the stages will give it
         from rlhf_train.loop.checks import check_config
 
-        check_config(rl_config(cfg, str(cfg.policy.pretrained or plan["sft_dir"]),
-                               str(cfg.reward_model.pretrained or plan["rm_dir"])))
+        check_config(rl_config(cfg, str(cfg.policy.pretrained or plan["sft_dir"]), reward_model_dir(cfg, plan)))
         if cfg.policy.pretrained:
             check_loadable(cfg.policy.pretrained, "policy.pretrained", "policy")
-        if cfg.reward_model.pretrained:
+        if uses_reward_model(cfg) and cfg.reward_model.pretrained:
             check_loadable(cfg.reward_model.pretrained, "reward_model.pretrained", "reward model")
         if cfg.data.get("dataset"):
             load_text_dataset(cfg.data.dataset, cfg.data.split, "data.dataset")
@@ -96,7 +112,10 @@ def preflight(cfg: DictConfig, plan: dict) -> None:
         if check is not None:  # the task's data options (movie reviews: data.split / data.sentiment)
             check(cfg)
     if cfg.stage == "pipeline" and cfg.evaluation.enabled:
+        from rlhf_train.loop.checks import check_evaluation
+
         check_positive("evaluation", cfg.evaluation, ("num_prompts", "batch_size"))
+        check_evaluation(cfg)  # num_samples, pass_k
         if cfg.evaluation.judge:
             task_hook(cfg, "evaluation.judge_fn")
         if cfg.data.get("dataset"):
@@ -120,9 +139,7 @@ def require_groups(cfg: DictConfig) -> None:
             raise ConfigError(f"{group} is not set (null in conf/config.yaml) but {why}: select one with "
                               f"{group}=NAME{_group_options(group)} or a recipe (+recipe=NAME)")
 
-    stage = cfg.stage
-    # `???` (reward_model=pretrained with no dir) reads as unset here; the RL stage names that key itself
-    trains_rm = stage == "rm" or (stage == "pipeline" and not OmegaConf.select(cfg, "reward_model.pretrained"))
+    stage, trains_rm = cfg.stage, trains_reward_model(cfg)
     if trains_rm:
         need("rm", f"stage={stage} trains a reward model" + (" (reward_model.pretrained is not set)" if stage == "pipeline" else ""))
     if stage == "sft":
@@ -138,9 +155,9 @@ def require_groups(cfg: DictConfig) -> None:
 def make_plan(cfg: DictConfig) -> dict:
     """Which stages run and where their outputs are (cache dirs, or the user's explicit dirs)."""
     require_groups(cfg)
-    want_sft = cfg.stage == "sft" or (cfg.stage == "rm" and cfg.rm.backbone == "sft") or (
-        cfg.stage == "pipeline" and (not cfg.policy.pretrained or (not cfg.reward_model.pretrained and cfg.rm.backbone == "sft")))
-    want_rm = cfg.stage == "rm" or (cfg.stage == "pipeline" and not cfg.reward_model.pretrained)
+    want_rm = trains_reward_model(cfg)
+    want_sft = cfg.stage == "sft" or (want_rm and cfg.rm.backbone == "sft") or (
+        cfg.stage == "pipeline" and not cfg.policy.pretrained)
     sk = sft_key(cfg) if want_sft else None
     rk = rm_key(cfg, sk) if want_rm else None
     plan = {"sft_key": sk, "rm_key": rk,
@@ -149,7 +166,7 @@ def make_plan(cfg: DictConfig) -> dict:
     plan["run_rm"] = bool(rk) and not is_complete(plan["rm_dir"])
     if cfg.stage == "pipeline":
         policy_from = str(cfg.policy.pretrained) if cfg.policy.pretrained else f"sft-{sk}"
-        reward_from = str(cfg.reward_model.pretrained) if cfg.reward_model.pretrained else f"rm-{rk}"
+        reward_from = reward_model_dir(cfg, plan) if not rk else f"rm-{rk}"
         plan["rl_key"] = rl_key(cfg, policy_from, reward_from)
         plan["rl_dir"] = stage_dir(cfg, "rl", plan["rl_key"])
         plan["run_rl"] = not is_complete(plan["rl_dir"])
@@ -158,11 +175,23 @@ def make_plan(cfg: DictConfig) -> dict:
     return plan
 
 
-def rl_config(cfg: DictConfig, policy_dir: str, rm_dir: str) -> DictConfig:
-    """The pipeline's config for :func:`rlhf_train.loop.trainer.train`: policy and reward model from the stages."""
+def reward_model_dir(cfg: DictConfig, plan: dict) -> str | None:
+    """The RL stage's reward model: ``reward_model.pretrained``, else the RM stage's dir; ``None`` without one."""
+    if not uses_reward_model(cfg):
+        return None
+    return str(cfg.reward_model.pretrained) if cfg.reward_model.pretrained else str(plan["rm_dir"])
+
+
+def rl_config(cfg: DictConfig, policy_dir: str, rm_dir: str | None) -> DictConfig:
+    """The pipeline's config for :func:`rlhf_train.loop.trainer.train`: policy and reward model (``None``: none)
+    from the stages. The RL loop evaluates on held-out prompts only with ``evaluation.every`` > 0 (the evaluation
+    stage does the before / after)."""
     rl_cfg = cfg.copy()
     with open_dict(rl_cfg):
         rl_cfg.stage = "rl"
         rl_cfg.policy.pretrained = policy_dir
-        rl_cfg.reward_model.pretrained = rm_dir
+        if rm_dir is not None:
+            rl_cfg.reward_model.pretrained = rm_dir
+        if rl_cfg.get("evaluation") is not None and not rl_cfg.evaluation.every:
+            rl_cfg.evaluation = None
     return rl_cfg

@@ -16,8 +16,11 @@ def _cell(text: str) -> str:
     return " ".join(str(text).split()).replace("|", "\\|")
 
 
-def _score(row: dict, name: str) -> str:
-    parts = [f"RM {row[f'reward_{name}']:+.2f}"]
+def _score(row: dict, name: str, sources: list[str]) -> str:
+    label = "RM" if sources == ["reward_model"] else "score"
+    parts = [f"{label} {row[f'reward_{name}']:+.2f}"]
+    if f"sources_{name}" in row:  # several sources: each one's raw score
+        parts[0] += " (" + ", ".join(f"{src} {v:+.2f}" for src, v in row[f"sources_{name}"].items()) + ")"
     if f"judge_prob_{name}" in row:
         parts.append(f"judge P(positive) {row[f'judge_prob_{name}']:.2f}")
     return ", ".join(parts)
@@ -31,8 +34,8 @@ def report_markdown(summary: dict, title: str = "RLHF pipeline report", n_sample
         lines += [f"Initial policy: `{policy}`; {summary.get('rl_iterations', '?')} {summary.get('algorithm', 'RL')} "
                   f"iterations; evaluated on "
                   f"{summary['num_prompts']} held-out prompts ('{summary['eval_split']}' split), "
-                  f"{summary['max_new_tokens']} new tokens at temperature {summary['temperature']}, the same "
-                  f"sampling seed before and after.", ""]
+                  f"{summary['max_new_tokens']} new tokens at temperature {summary['temperature']} "
+                  f"({summary.get('num_samples', 1)} per prompt), the same sampling seed before and after.", ""]
     lines += ["## Before / after", "", "```", summary.get("table", ""), "```", ""]
     if "fluency_logprob_before" in summary:
         drop = summary["fluency_logprob_before"] - summary["fluency_logprob_after"]
@@ -48,10 +51,11 @@ def report_markdown(summary: dict, title: str = "RLHF pipeline report", n_sample
     samples = summary.get("samples", [])[:n_samples]
     if samples:
         lines += [f"## {len(samples)} samples (the first held-out prompts; before = initial policy, after = trained)", ""]
+        sources = summary.get("reward_sources", ["reward_model"])
         for i, row in enumerate(samples):
             lines += [f"**[{i}] prompt:** {_cell(row['prompt'])}", "",
-                      f"- *before* ({_score(row, 'before')}): {_cell(row['before'])}",
-                      f"- *after* ({_score(row, 'after')}): {_cell(row['after'])}", ""]
+                      f"- *before* ({_score(row, 'before', sources)}): {_cell(row['before'])}",
+                      f"- *after* ({_score(row, 'after', sources)}): {_cell(row['after'])}", ""]
     timings = summary.get("timings", {})
     if timings:
         lines += ["## Time", "", "| stage | wall (s) | CPU (s) |", "|---|---:|---:|"]

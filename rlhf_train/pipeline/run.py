@@ -37,7 +37,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from rlhf_train.loop.components import build_tokenizer
 from rlhf_train.pipeline.cache import Timer, cached_stage
-from rlhf_train.pipeline.plan import algorithm_name, make_plan, preflight, rl_config
+from rlhf_train.pipeline.plan import algorithm_name, make_plan, preflight, reward_model_dir, rl_config
 from rlhf_train.pipeline.sft import task_hook
 
 log = logging.getLogger(__name__)
@@ -101,22 +101,24 @@ def run_rl_stage(cfg, run_dir: Path, plan, policy_dir: str, rm_dir: str, timer) 
 # --------------------------------------------------------------------------------------------
 # Evaluation
 # --------------------------------------------------------------------------------------------
-def eval_prompts(cfg: DictConfig, tokenizer):
-    from hydra.utils import instantiate
+def eval_sources(cfg, tokenizer, rm_dir: str | None) -> dict:
+    """The RL stage's reward sources for the evaluation: its reward model (``rm_dir``; ``None``: none) and the
+    ``rewards`` entries, with their weights."""
+    from rlhf_train.models.reward_model import build_reward_model
+    from rlhf_train.rewards.sources import build_reward_sources
 
-    data = {k: v for k, v in OmegaConf.to_container(cfg.data, resolve=True).items() if k not in ("batch_size", "num_workers")}
-    data["max_prompts"] = cfg.evaluation.num_prompts
-    if "split" in data:  # a dataset with splits (synthetic prompts have none)
-        data["split"] = cfg.evaluation.split
-    return instantiate(data, tokenizer=tokenizer)
+    rm = build_reward_model(tokenizer=tokenizer, pretrained=rm_dir) if rm_dir else None
+    entries = OmegaConf.to_container(cfg.rewards, resolve=True) if cfg.get("rewards") else {}
+    return build_reward_sources(rm, entries, tokenizer, tokenizer.pad_token_id, cfg.rollout.get("logprob_batch_size"),
+                                cfg.reward_model.get("weight", 1.0) if rm is not None else 1.0)
 
 
-def run_evaluation(cfg, run_dir: Path, tokenizer, judge, policy_dir: str, rm_dir: str, rl_dir: str, rl_info: dict,
-                   timer) -> dict:
+def run_evaluation(cfg, run_dir: Path, tokenizer, judge, policy_dir: str, rm_dir: str | None, rl_dir: str,
+                   rl_info: dict, timer) -> dict:
     """Before (``policy_dir``, also the KL reference) vs after (``rl_dir/policy``) on held-out prompts."""
     from transformers import AutoModelForCausalLM
 
-    from rlhf_train.models.reward_model import build_reward_model
+    from rlhf_train.loop.evaluation import eval_prompts
     from rlhf_train.pipeline.evaluate import (
         evaluate_policy,
         format_table,
@@ -128,9 +130,9 @@ def run_evaluation(cfg, run_dir: Path, tokenizer, judge, policy_dir: str, rm_dir
         prompts = eval_prompts(cfg, tokenizer)
         ref = AutoModelForCausalLM.from_pretrained(policy_dir).eval().requires_grad_(False)
         after_lm = AutoModelForCausalLM.from_pretrained(str(Path(rl_dir) / "policy")).eval()
-        rm = build_reward_model(tokenizer=tokenizer, pretrained=rm_dir)
-        before = evaluate_policy(ref, ref, rm, tokenizer, prompts, cfg, judge)
-        after = evaluate_policy(after_lm, ref, rm, tokenizer, prompts, cfg, judge)
+        sources = eval_sources(cfg, tokenizer, rm_dir)
+        before = evaluate_policy(ref, ref, sources, tokenizer, prompts, cfg, judge)
+        after = evaluate_policy(after_lm, ref, sources, tokenizer, prompts, cfg, judge)
     kl_target, algorithm = cfg.kl_controller.get("target"), algorithm_name(cfg)
     summary = {
         "reward_before": before["reward"], "reward_after": after["reward"],
@@ -143,6 +145,8 @@ def run_evaluation(cfg, run_dir: Path, tokenizer, judge, policy_dir: str, rm_dir
         "fluency_within_bound": before["fluency_logprob"] - after["fluency_logprob"] <= cfg.evaluation.fluency_max_drop,
         "max_new_tokens": cfg.rollout.max_new_tokens, "temperature": cfg.rollout.temperature,
         "algorithm": algorithm, "rl_iterations": len(rl_info.get("history", [])),
+        "reward_sources": list(sources), "num_samples": cfg.evaluation.num_samples,
+        "eval_before": before["eval"], "eval_after": after["eval"],  # the eval/... metrics (docs/metrics.md)
     }
     if judge is not None:
         summary.update(judge_positive_rate_before=before["judge_positive_rate"],
@@ -221,7 +225,7 @@ def run(cfg: DictConfig, run_dir: str | Path) -> float | None:
         policy_dir = check_loadable(cfg.policy.pretrained, "policy.pretrained", "policy")
     else:
         policy_dir = str(plan["sft_dir"])
-    rm_dir = str(cfg.reward_model.pretrained) if cfg.reward_model.pretrained else str(plan["rm_dir"])
+    rm_dir = reward_model_dir(cfg, plan)  # None: no reward model (the `rewards` functions score)
     rl_info = run_rl_stage(cfg, run_dir, plan, policy_dir, rm_dir, timer)
     summary.update({"sft": _strip_history(sft_info) if sft_info else {"from": policy_dir},
                     "rm": _strip_history(rm_info) if rm_info else {"from": rm_dir},
