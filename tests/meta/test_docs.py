@@ -2,9 +2,10 @@
 
 1. The metric glossary (the table under "## Glossary" in docs/metrics.md) names exactly the metrics a
    training run logs: 1-iteration smoke runs in process (PPO, and GRPO for the critic-free metrics),
-   ``metrics.csv`` + ``timings.csv`` columns against the table. Template rows (``reward/<name>``,
-   ``reward/<name>/accuracy``) are checked against ``rollout_metrics`` with two reward sources and with a
-   function's accuracy threshold.
+   ``metrics.csv`` + ``timings.csv`` columns against the table (the GRPO run with the held-out evaluation on: its
+   ``eval/...`` columns against the template rows). Template rows (``reward/<name>``, ``reward/<name>/accuracy``,
+   ``eval/<mode>/<name>/...``) are checked against ``rollout_metrics`` with two reward sources and with a
+   function's accuracy threshold, and against ``held_out_metrics`` with a function and a reward model.
 2. The run summaries' table ("## Run summaries" in docs/metrics.md: ``sft/*``, ``rm/*``, ``summary.json``
    keys) names what the pipeline writes.
 3. Every metric a recipe card, a docs page or the README names is in one of those tables.
@@ -41,7 +42,8 @@ PAGES = [README, *DOCS]  # the README and the docs pages
 README_MAX_BYTES = 15_360
 HISTORY_MARKERS = [r"\bissue \d+", r"\bsession \d", r"this session"]
 
-METRIC_NAME = re.compile(r"^(objective|policy|loss|val|response|completions|faults|time|reward|sft|rm)/[\w<>*]+(/[\w<>*]+)*$|^lr$")
+METRIC_NAME = re.compile(r"^(objective|policy|loss|val|response|completions|faults|time|reward|eval|sft|rm)/[\w<>*@]+"
+                         r"(/[\w<>*@]+)*$|^lr$")
 
 
 # --------------------------------------------------------------------------- Markdown parsing
@@ -85,7 +87,11 @@ def test_glossary_names_exactly_the_logged_metrics(tmp_path):
 
     logged = set()
     # PPO, and GRPO with the KL in the loss (its group, clip-range and KL-loss metrics): together every metric
-    for run, algorithm in (("ppo", []), ("grpo", ["algorithm=grpo", "rollout.num_samples=2", "data.batch_size=2"])):
+    # (GRPO with the held-out evaluation: time/eval_s and eval/...)
+    evaluation = ["evaluation=verifiable", "evaluation.split=validation", "evaluation.num_prompts=2",
+                  "evaluation.num_samples=2"]
+    for run, algorithm in (("ppo", []), ("grpo", ["algorithm=grpo", "rollout.num_samples=2", "data.batch_size=2",
+                                                  *evaluation])):
         cfg = make_cfg("trainer.num_iterations=1", "data.max_prompts=4", "update.num_epochs=1",
                        "trainer.checkpoint_every=100", *algorithm)
         assert cfg["update"].max_grad_norm is not None  # policy/grad_norm is logged only with gradient clipping
@@ -95,8 +101,12 @@ def test_glossary_names_exactly_the_logged_metrics(tmp_path):
                 logged |= set(next(csv.reader(f))) - {"iteration"}
     glossary, _ = metrics_tables()
     concrete = {n for n in glossary if "<" not in n}
+    evaluated = {n for n in logged if n.startswith("eval/")}  # named by template rows (`eval/<mode>/...`)
+    logged -= evaluated
     assert logged == concrete, (f"logged but not in the glossary (docs/metrics.md): {sorted(logged - concrete)}; "
                                 f"in the glossary but not logged: {sorted(concrete - logged)}")
+    templates = [template_pattern(n) for n in glossary if n.startswith("eval/")]
+    assert evaluated and all(any(re.fullmatch(t, n) for t in templates) for n in evaluated), sorted(evaluated)
 
 
 def test_glossary_templates_match_rollout_metrics():
@@ -118,7 +128,7 @@ def test_glossary_templates_match_rollout_metrics():
 
     glossary, _ = metrics_tables()
     templates = {n for n in glossary if "<" in n}
-    assert templates == {"reward/<name>", "reward/<name>/accuracy"}, \
+    assert templates == {"reward/<name>", "reward/<name>/accuracy", *EVAL_TEMPLATES}, \
         f"template rows of the glossary (docs/metrics.md): {templates}"
     two = set(rollout_metrics(rollout({"rm": torch.ones(B), "length": torch.zeros(B)})))
     one = set(rollout_metrics(rollout({"rm": torch.ones(B)})))
@@ -127,6 +137,31 @@ def test_glossary_templates_match_rollout_metrics():
     # reward/<name>/accuracy: for the sources given a threshold (every one but the reward models), even alone
     fn = set(rollout_metrics(rollout({"answer": torch.ones(B)}), accuracy={"answer": 1.0}))
     assert fn - one == {"reward/answer/accuracy"}
+
+
+EVAL_TEMPLATES = {"eval/<mode>/<name>/mean", "eval/<mode>/<name>/accuracy", "eval/sampled/<name>/pass@<k>",
+                  "eval/sampled/<name>/mean@<n>", "eval/<mode>/completion_length"}
+
+
+def template_pattern(name: str) -> str:
+    """A glossary row's name as a regular expression: each ``<placeholder>`` any name (``pass@<k>``: ``pass@2``)."""
+    return re.sub(r"<\w+>", r"[\\w]+", re.escape(name))
+
+
+def test_glossary_eval_templates_match_held_out_metrics():
+    """``eval/...``: each metric the held-out evaluation writes for a reward function and a reward model, greedy
+    and sampled, is named by exactly one template row, and every template row names some."""
+    from rlhf_train.loop.evaluation import held_out_metrics
+
+    parts = {"answer": torch.tensor([1.0, 0.0, 1.0, 1.0]), "rm": torch.tensor([0.5, 0.1, 0.2, 0.3])}
+    names = {*held_out_metrics("sampled", parts, torch.ones(4), 2, {"answer"}, 1.0, [1, 2]),
+             *held_out_metrics("greedy", parts, torch.ones(4), 1, {"answer"})}
+    patterns = {t: template_pattern(t) for t in EVAL_TEMPLATES}
+    for name in names:
+        assert sum(bool(re.fullmatch(p, name)) for p in patterns.values()) == 1, name
+    for template, pattern in patterns.items():
+        assert any(re.fullmatch(pattern, n) for n in names), template
+    assert "eval/sampled/rm/accuracy" not in names and "eval/greedy/answer/pass@1" not in names
 
 
 # --------------------------------------------------------------------------- 2. the run summaries' table
@@ -147,7 +182,7 @@ def test_summary_table_names_what_the_pipeline_writes():
 def test_pages_name_documented_metrics(page):
     glossary, summaries = metrics_tables()
     known = glossary | summaries
-    templates = [re.escape(n).replace(re.escape("<name>"), r"\w+") for n in known if "<" in n]
+    templates = [template_pattern(n) for n in known if "<" in n]
     for name in re.findall(r"`([^`\s]+)`", page.read_text()):
         if not METRIC_NAME.match(name) or "<" in name:
             continue
