@@ -131,8 +131,12 @@ def run_evaluation(cfg, run_dir: Path, tokenizer, judge, policy_dir: str, rm_dir
         ref = AutoModelForCausalLM.from_pretrained(policy_dir).eval().requires_grad_(False)
         after_lm = AutoModelForCausalLM.from_pretrained(str(Path(rl_dir) / "policy")).eval()
         sources = eval_sources(cfg, tokenizer, rm_dir)
-        before = evaluate_policy(ref, ref, sources, tokenizer, prompts, cfg, judge)
-        after = evaluate_policy(after_lm, ref, sources, tokenizer, prompts, cfg, judge)
+        try:
+            before = evaluate_policy(ref, ref, sources, tokenizer, prompts, cfg, judge)
+            after = evaluate_policy(after_lm, ref, sources, tokenizer, prompts, cfg, judge)
+        finally:
+            for source, _ in sources.values():  # a reward function's worker processes, if it has them
+                getattr(source, "close", lambda: None)()
     kl_target, algorithm = cfg.kl_controller.get("target"), algorithm_name(cfg)
     summary = {
         "reward_before": before["reward"], "reward_after": after["reward"],
