@@ -259,8 +259,9 @@ class RLHFTrainBenchmark:
         B = td.batch_size[0]
         rows = update.num_epochs * (B // update.minibatch_size) * update.minibatch_size
         loop_drives = getattr(backend, "drives", lambda: False)()  # one prefill per prompt, shared by its samples
+        policy_pass = run.rollout.trainer_pass or not backend.with_scores  # the policy's own scoring pass runs
         gflop_rollout = flops.rollout_flops(policy_lm, reference.model if reference is not None else None,
-                                            run.reward_model, td, policy_pass=not backend.with_scores,
+                                            run.reward_model, td, policy_pass=policy_pass,
                                             num_samples=self.num_samples if loop_drives else 1) / 1e9
         gflop_update = flops.update_flops(policy_lm, td, rows) / 1e9
         floor = {k_: g / self.gemm_rate for k_, g in (("rollout", gflop_rollout), ("update", gflop_update))}

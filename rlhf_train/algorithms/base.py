@@ -18,17 +18,20 @@ from typing import Callable, Protocol
 
 import torch
 
+from rlhf_train.algorithms.configs import ISCorrectionConfig
 from rlhf_train.core.containers import Rollout
+from rlhf_train.core.mismatch import importance_weights
 
 # sums a tensor over all processes (None: one process); what the estimators' batch statistics use
 AllReduceSum = Callable[[torch.Tensor], torch.Tensor]
 
 
 def finite_rows(rollout: Rollout) -> torch.Tensor:
-    """``[B]``: True where the row's rewards, sampling log-probs, values, advantages and returns (those
-    present) are all finite. A faulty row must not poison the others' statistics or gradients."""
+    """``[B]``: True where the row's rewards, sampling log-probs (π_old's and the sampler's), values, advantages
+    and returns (those present) are all finite. A faulty row must not poison the others' statistics or gradients."""
     ok = torch.ones(rollout.batch_size[0], dtype=torch.bool, device=rollout.device)
-    for x in (rollout.reward, rollout.sample_log_prob, rollout.values, rollout.advantage, rollout.returns):
+    for x in (rollout.reward, rollout.sample_log_prob, rollout.sampler_log_prob, rollout.values, rollout.advantage,
+              rollout.returns):
         if x is not None:
             ok &= torch.isfinite(x).flatten(1).all(-1)
     return ok
@@ -67,6 +70,8 @@ class Algorithm(Protocol):
     kl_weight: float        # that term's weight (0 when kl_in_loss is False): what the loop logs as β
     needs_reference: bool   # a reference model is built and run (KL in the reward or in the loss)
     needs_entropy: bool     # the loss uses the policy entropy (an entropy bonus): computed every epoch
+    corrects_mismatch: bool  # algorithm.is_correction: the policy loss weighs each token by π_old / π_sampler
+                            # (:func:`is_correction_weights`), so the rollout runs the trainer's own pass for π_old
     estimator: AdvantageEstimator
 
     def loss_units(self, mask: torch.Tensor) -> torch.Tensor:
@@ -79,3 +84,19 @@ class Algorithm(Protocol):
         update rescales it to a mean over all processes' units); stats are detached scalars named as in
         docs/metrics.md's glossary (``loss/policy``, ``policy/clipfrac``, ...)."""
         ...
+
+
+def is_correction_weights(mb: Rollout, cfg: ISCorrectionConfig) -> tuple[torch.Tensor | None, dict[str, torch.Tensor]]:
+    """``algorithm.is_correction`` on a micro-batch: the importance-sampling weights ``[b, T]`` of its tokens
+    (:func:`rlhf_train.core.mismatch.importance_weights` of π_old, ``sample_log_prob``, against the sampler's
+    ``sampler_log_prob``) and the stat ``objective/is_filtered_frac``; ``(None, {})`` when the correction is off."""
+    if not cfg.enabled:
+        return None, {}
+    if mb.sampler_log_prob is None:
+        raise RuntimeError("algorithm.is_correction: the generation backend recorded no log-probs of its samples, so "
+                           "there is nothing to correct against; use a backend that records them "
+                           "(generation=decode_loop) or set algorithm.is_correction.level=null")
+    low, high = cfg.threshold
+    w, frac = importance_weights(mb.sample_log_prob, mb.sampler_log_prob, mb.masks.response, cfg.level, cfg.mode,
+                                 float(low), float(high))
+    return w, {"objective/is_filtered_frac": frac}

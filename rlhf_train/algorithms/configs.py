@@ -3,8 +3,8 @@ schemas (rlhf_train/config/schema.py registers them with Hydra) can import them 
 A new algorithm with keys of its own adds them to :class:`AlgorithmConfig`."""
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Optional
+from dataclasses import dataclass, field
+from typing import List, Optional
 
 
 @dataclass
@@ -29,6 +29,20 @@ MOVED_PPO_KEYS = {"num_epochs": "update", "minibatch_size": "update", "gradient_
 
 
 @dataclass
+class ISCorrectionConfig:
+    """``algorithm.is_correction``: the importance-sampling correction of the sampler / trainer mismatch
+    (:func:`rlhf_train.core.mismatch.importance_weights`; conf/algorithm/ppo.yaml explains each key)."""
+
+    level: Optional[str] = None          # null = off | token (per-token weight) | sequence (one per response)
+    mode: str = "clip"                   # clip (truncated IS: w clamped to the threshold) | mask (w outside: 0)
+    threshold: List[float] = field(default_factory=lambda: [0.0, 2.0])  # [low, high] of w = π_old / π_sampler
+
+    @property
+    def enabled(self) -> bool:
+        return self.level is not None
+
+
+@dataclass
 class AlgorithmConfig:
     """The ``algorithm`` config group (conf/algorithm/<name>.yaml explains each key; also its Hydra schema,
     ``algorithm_schema``). It picks the advantage estimator, the policy loss's variants and where the KL
@@ -49,3 +63,8 @@ class AlgorithmConfig:
     vf_coef: float = 0.1                 # [ppo] weight of the value loss
     clip_eps_value: float = 0.2          # [ppo] value clip epsilon (around the rollout's values)
     whiten_advantages: bool = True       # [ppo] normalise advantages over the batch's response tokens
+    is_correction: ISCorrectionConfig = field(default_factory=ISCorrectionConfig)  # sampler/trainer mismatch
+
+    def __post_init__(self):  # from a plain dict (OmegaConf.to_container of the config)
+        if isinstance(self.is_correction, dict):
+            self.is_correction = ISCorrectionConfig(**self.is_correction)

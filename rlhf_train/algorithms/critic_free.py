@@ -16,7 +16,13 @@ from __future__ import annotations
 
 import torch
 
-from rlhf_train.algorithms.base import AdvantageEstimator, AllReduceSum, PolicyOutput, finite_rows
+from rlhf_train.algorithms.base import (
+    AdvantageEstimator,
+    AllReduceSum,
+    PolicyOutput,
+    finite_rows,
+    is_correction_weights,
+)
 from rlhf_train.algorithms.configs import AlgorithmConfig, UpdateConfig
 from rlhf_train.core.advantages import (
     discounted_returns,
@@ -86,7 +92,8 @@ class ReinforcePP:
 class PolicyGradient:
     """The critic-free algorithm: clipped surrogate (+ β·k3 KL in the loss, − entropy bonus), aggregated
     per ``loss_agg``, with the given estimator. ``update.clip_eps`` is the clip range unless
-    ``clip_low`` / ``clip_high`` set it; ``update.ent_coef`` the entropy bonus."""
+    ``clip_low`` / ``clip_high`` set it; ``update.ent_coef`` the entropy bonus; ``algorithm.is_correction``
+    weighs each token's surrogate term (not the KL term) by π_old / π_sampler (TIS / MIS)."""
 
     needs_critic = False
 
@@ -98,6 +105,7 @@ class PolicyGradient:
         self.needs_reference = cfg.kl_in_reward or self.kl_in_loss
         self.ent_coef = update.ent_coef
         self.needs_entropy = bool(update.ent_coef)
+        self.corrects_mismatch = cfg.is_correction.enabled
         self.clip_low = update.clip_eps if cfg.clip_low is None else cfg.clip_low
         self.clip_high = update.clip_eps if cfg.clip_high is None else cfg.clip_high
         self.norm_length = cfg.norm_length or max_new_tokens
@@ -113,13 +121,14 @@ class PolicyGradient:
         def agg(x: torch.Tensor) -> torch.Tensor:
             return aggregate_loss(x, mask, self.cfg.loss_agg, self.norm_length)
 
+        weights, is_stats = is_correction_weights(mb, self.cfg.is_correction)
         pg, st = clipped_surrogate(out.log_probs, mb.sample_log_prob, mb.advantage, mask, self.clip_low,
-                                   self.clip_high, self.cfg.ratio_level)
+                                   self.clip_high, self.cfg.ratio_level, weights)
         pg_loss = agg(pg)
         loss = pg_loss
         stats = {"loss/policy": pg_loss.detach(), "policy/clipfrac": st["clipfrac"],
                  "policy/clipfrac_low": st["clipfrac_low"], "policy/clipfrac_high": st["clipfrac_high"],
-                 "policy/approx_kl": st["approx_kl"], "val/ratio": st["ratio_mean"]}
+                 "policy/approx_kl": st["approx_kl"], "val/ratio": st["ratio_mean"], **is_stats}
         if self.kl_in_loss:
             log_p = torch.where(mask, out.log_probs, mb.ref_log_prob)  # log ratio 0 outside: no inf − inf
             kl = kl_estimate(log_p, mb.ref_log_prob, "k3")

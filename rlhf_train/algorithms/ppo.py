@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from rlhf_train.algorithms.base import AllReduceSum, PolicyOutput, finite_rows
+from rlhf_train.algorithms.base import AllReduceSum, PolicyOutput, finite_rows, is_correction_weights
 from rlhf_train.algorithms.configs import AlgorithmConfig, UpdateConfig
 from rlhf_train.core.advantages import gae
 from rlhf_train.core.containers import Rollout
@@ -35,7 +35,8 @@ class GAE:
 
 class PPO:
     """Clipped surrogate (``update.clip_eps``) + clipped value loss (``algorithm.vf_coef``,
-    ``algorithm.clip_eps_value``) (+ optional entropy bonus, ``update.ent_coef``); KL penalty in the reward."""
+    ``algorithm.clip_eps_value``) (+ optional entropy bonus, ``update.ent_coef``); KL penalty in the reward.
+    With ``algorithm.is_correction`` each token's surrogate term is weighed by π_old / π_sampler (TIS / MIS)."""
 
     needs_critic = True
     kl_in_reward = True
@@ -47,6 +48,7 @@ class PPO:
         self.cfg, self.update = cfg, update
         self.clip_eps, self.ent_coef = update.clip_eps, update.ent_coef
         self.needs_entropy = bool(update.ent_coef)
+        self.corrects_mismatch = cfg.is_correction.enabled
         self.estimator = GAE(cfg.gamma, cfg.lam, cfg.whiten_advantages)
 
     @staticmethod
@@ -56,13 +58,14 @@ class PPO:
 
     def loss(self, out: PolicyOutput, mb: Rollout) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         mask = mb.masks.response
-        pg_loss, pg_stats = policy_loss(out.log_probs, mb.sample_log_prob, mb.advantage, mask, self.clip_eps)
+        weights, is_stats = is_correction_weights(mb, self.cfg.is_correction)
+        pg_loss, pg_stats = policy_loss(out.log_probs, mb.sample_log_prob, mb.advantage, mask, self.clip_eps, weights)
         vf_loss, vf_stats = value_loss(out.values, mb.values, mb.returns, mask, self.cfg.clip_eps_value)
         loss = pg_loss + self.cfg.vf_coef * vf_loss
         stats = {
             "loss/policy": pg_loss.detach(), "loss/value": vf_loss.detach(),
             "policy/clipfrac": pg_stats["clipfrac"], "policy/approx_kl": pg_stats["approx_kl"],
-            "val/ratio": pg_stats["ratio_mean"], "val/clipfrac": vf_stats["clipfrac"],
+            "val/ratio": pg_stats["ratio_mean"], "val/clipfrac": vf_stats["clipfrac"], **is_stats,
         }
         if out.entropy is not None:
             entropy = masked_mean(out.entropy, mask)

@@ -12,6 +12,7 @@ from rlhf_train.algorithms.base import Algorithm, PolicyOutput, finite_rows
 from rlhf_train.algorithms.configs import UpdateConfig
 from rlhf_train.algorithms.micro_batches import accumulation, micro_batches
 from rlhf_train.core.containers import Rollout
+from rlhf_train.core.mismatch import mismatch_kl_sums
 from rlhf_train.core.sampling import SamplingParams
 from rlhf_train.infra.faults import Faults
 
@@ -41,12 +42,18 @@ def minibatch_update(policy, optimizer, lr_scheduler, accelerator, rollout: Roll
     gradient norm is not finite is skipped: no optimizer step, counted in ``faults.skipped``
     (logged as ``faults/skipped_updates``), its stats left out of the means. ``faults.max_consecutive``
     skips in a row raise ``FloatingPointError`` (the caller checkpoints the last good state).
+
+    The first minibatch's passes come before any optimizer step: where the rollout has the sampler's own
+    log-probs they are compared with these (``objective/sample_train_kl``: the mean of sampler − trainer
+    log-prob over its response tokens, k1 of KL(sampler || trainer); ``objective/sample_train_kl_k2``: the
+    mean of ½ (sampler − trainer)², k2; :func:`rlhf_train.core.mismatch.mismatch_kl_sums`).
     """
     B = rollout.batch_size[0]
     mbs, accum = cfg.minibatch_size, cfg.gradient_accumulation_steps
     all_stats: list[dict] = []
     good_stats: list[dict] = []
     first_ratio = None
+    mismatch = []  # (Σ d, Σ ½ d², n) of the first minibatch's micro-batches: before any optimizer step
     for epoch in range(cfg.num_epochs):
         perm = torch.randperm(B, generator=generator)
         for start in range(0, B - mbs + 1, mbs):
@@ -65,6 +72,9 @@ def minibatch_update(policy, optimizer, lr_scheduler, accelerator, rollout: Roll
                     # the entropy is logged from the first epoch (later epochs need it only as a bonus)
                     out = policy_forward(policy, mb, sampling, with_entropy=epoch == 0 or algorithm.needs_entropy,
                                          packed=cfg.packing)
+                    if epoch == 0 and start == 0 and mb.sampler_log_prob is not None:
+                        mismatch.append(mismatch_kl_sums(mb.sampler_log_prob, out.log_probs.detach(),
+                                                         mb.masks.response))
                     loss, stats = algorithm.loss(out, mb)
                     loss = loss * algorithm.loss_units(mb.masks.response).clamp(min=1) * token_scale
                     finite = (torch.isfinite(loss) & finite_rows(mb).all()).float()
@@ -90,12 +100,19 @@ def minibatch_update(policy, optimizer, lr_scheduler, accelerator, rollout: Roll
     keys = {k for s in used for k in s}
     out = {k: torch.stack([s[k].float().cpu() for s in used if k in s]).mean() for k in keys}
     out["val/first_ratio"] = first_ratio
+    if mismatch:
+        k1, k2, n = (torch.stack(x).sum().float().cpu().item() for x in zip(*mismatch))
+        out["objective/sample_train_kl"] = torch.tensor(k1 / max(n, 1.0))
+        out["objective/sample_train_kl_k2"] = torch.tensor(k2 / max(n, 1.0))
     return out
 
 
 def _step(policy, optimizer, lr_scheduler, accelerator, cfg: UpdateConfig, skipped: bool, faults: Faults,
           stats: dict) -> None:
-    """The optimizer step at the end of a minibatch, unless it is skipped or its gradient is not finite."""
+    """The optimizer step at the end of a minibatch, unless it is skipped or its gradient is not finite.
+
+    fp16 (``trainer.precision=fp16``: Accelerate's gradient scaler): a gradient that overflowed is the scaler's
+    to handle, not a fault: its step skips the update and lowers the loss scale (no LR step, no grad norm)."""
     if skipped:
         optimizer.zero_grad(set_to_none=True)
         faults.skip_update()
@@ -103,13 +120,16 @@ def _step(policy, optimizer, lr_scheduler, accelerator, cfg: UpdateConfig, skipp
     grad_norm = None
     if cfg.max_grad_norm is not None:
         grad_norm = accelerator.clip_grad_norm_(policy.parameters(), cfg.max_grad_norm)
-    if grad_norm is not None and not torch.isfinite(torch.as_tensor(grad_norm)):
+    finite_norm = grad_norm is None or bool(torch.isfinite(torch.as_tensor(grad_norm)))
+    scaler = getattr(accelerator, "scaler", None)
+    if not finite_norm and scaler is None:
         optimizer.zero_grad(set_to_none=True)
         faults.skip_update()
     else:
         optimizer.step()
-        lr_scheduler.step()
-        faults.good_update()
-    if grad_norm is not None:
+        if not (scaler is not None and accelerator.optimizer_step_was_skipped):
+            lr_scheduler.step()
+            faults.good_update()
+    if grad_norm is not None and (finite_norm or scaler is None):
         stats["policy/grad_norm"] = torch.as_tensor(grad_norm).float()
     optimizer.zero_grad(set_to_none=True)

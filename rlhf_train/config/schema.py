@@ -209,7 +209,9 @@ class TrainerSchema:
     resume: Optional[str] = None
     max_consecutive_faults: int = 3
     preempt_grace_s: Optional[float] = 25.0
-    mixed_precision: Optional[str] = None
+    precision: Optional[str] = None      # fp32 | bf16 | fp16 (null: accelerate launch's, else fp32)
+    fp32_lm_head: bool = True
+    mixed_precision: Optional[str] = None  # the older name of precision (no | bf16 | fp16), mapped to it
     cpu: bool = False
     num_threads: Optional[int] = None
     progress_bar: bool = True

@@ -112,6 +112,7 @@ class Rollout(TensorClass["nocast", "shadow"]):
     ``tokens``           Tokens [B]   ``tokens``                          prompt [B, P] / response [B, T] / full ids
     ``masks``            Masks [B]    ``masks``                           their masks; response: up to and incl. EOS
     ``sample_log_prob``  [B, T]       ``sample_log_prob``                 log π_old(a_t|s_t), sampling distribution
+    ``sampler_log_prob`` [B, T]       (none)                              log μ(a_t|s_t) the sampler recorded (None: not)
     ``values``           [B, T]       ``values``                          V(s_t) of the critic (None: no critic)
     ``ref_log_prob``     [B, T]       ``("ref_log_probs", "response")``   log π_ref(a_t|s_t) (None: no reference)
     ``kl``               [B, T]       ``("next", "kl")``                  per-token KL estimate, 0 outside response
@@ -133,12 +134,16 @@ class Rollout(TensorClass["nocast", "shadow"]):
     ===================  ===========  ==================================  =======================================
 
     Indexing (``rollout[idx]``) selects rows, so minibatches are rollouts too. Fields an algorithm does
-    not use stay ``None``.
+    not use stay ``None``. ``sample_log_prob`` is the trainer's π_old: the sampler's own log-probs when the
+    rollout takes them as they are (then ``sampler_log_prob`` holds the same values), else the policy's
+    no-grad pass; the two are compared by ``objective/sample_train_kl`` and weighed against each other by
+    ``algorithm.is_correction`` (:mod:`rlhf_train.core.mismatch`).
     """
 
     tokens: Tokens | None = None
     masks: Masks | None = None
     sample_log_prob: torch.Tensor | None = None
+    sampler_log_prob: torch.Tensor | None = None
     values: torch.Tensor | None = None
     ref_log_prob: torch.Tensor | None = None
     kl: torch.Tensor | None = None

@@ -3,7 +3,8 @@
 The decisions, read from the config exactly once (:class:`Decisions`): the algorithm (the registry's, by
 ``algorithm.name``), the group size (``rollout.num_samples``), whether a reference runs and what it is
 (frozen copy | the policy with its LoRA adapter off | a Ray actor: :mod:`rlhf_train.models.reference`),
-the precision (``trainer.mixed_precision``, Accelerate's) and the generation backend (``generation=...``).
+the precision (``trainer.precision``: :mod:`rlhf_train.loop.precision`) and the generation backend
+(``generation=...``).
 The steps, in the order the RNG sees them (same seed, same initial weights on every process):
 
   1. the config checks (:func:`rlhf_train.loop.checks.check_config`), then the decisions;
@@ -39,6 +40,8 @@ from rlhf_train.loop.components import (
     build_tokenizer,
     make_lr_scheduler,
 )
+from rlhf_train.loop.precision import ACCELERATE_NAMES, check_device_precision, decide_precision
+from rlhf_train.models.scoring import set_fp32_lm_head
 from rlhf_train.rollout.rollout_from_model import RolloutFromModel, special_ids
 
 
@@ -50,7 +53,7 @@ class Decisions:
     update: UpdateConfig
     sampling: SamplingParams       # the rollout's sampling distribution (the loss scores under it too)
     group_size: int                # rollout.num_samples: completions per prompt, adjacent rows
-    mixed_precision: str | None    # trainer.mixed_precision (None: what `accelerate launch` was given)
+    precision: str | None          # trainer.precision: fp32 | bf16 | fp16 (None: what `accelerate launch` was given)
 
     @property
     def needs_reference(self) -> bool:
@@ -66,7 +69,7 @@ def decide(cfg: DictConfig) -> Decisions:
     group_size = cfg.rollout.num_samples
     algorithm = build_algorithm(algo, update, group_size, cfg.rollout.max_new_tokens)
     sampling = SamplingParams(cfg.rollout.temperature, cfg.rollout.top_k, cfg.rollout.top_p)
-    return Decisions(algorithm, update, sampling, group_size, cfg.trainer.mixed_precision)
+    return Decisions(algorithm, update, sampling, group_size, decide_precision(cfg.trainer))
 
 
 @dataclass
@@ -102,14 +105,16 @@ def make_accelerator(cfg: DictConfig, decisions: Decisions):
     from rlhf_train.infra.distributed import cpu_only_multiprocess
     from rlhf_train.infra.errors import ConfigError
 
+    precision = ACCELERATE_NAMES[decisions.precision] if decisions.precision is not None else None
     accelerator = Accelerator(
-        cpu=cfg.trainer.cpu or cpu_only_multiprocess(), mixed_precision=decisions.mixed_precision,
+        cpu=cfg.trainer.cpu or cpu_only_multiprocess(), mixed_precision=precision,
         gradient_accumulation_steps=decisions.update.gradient_accumulation_steps,
         dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True),
     )
     if getattr(accelerator, "is_fsdp2", False):
         raise ConfigError("FSDP2 (fsdp_version: 2 in the accelerate config) is not supported: rollouts need the "
                           "full weights; use fsdp_version: 1 (accelerate/fsdp.yaml)")
+    check_device_precision(accelerator)
     return accelerator
 
 
@@ -138,6 +143,9 @@ def build_run(cfg: DictConfig, accelerator=None, run_dir: str | Path | None = No
     policy = instantiate_or_config_error(cfg.policy, tokenizer=tokenizer, value_head=algorithm.needs_critic,
                                          gradient_checkpointing=decisions.update.gradient_checkpointing)
     ref_model = build_reference_model(cfg, policy, tokenizer, algorithm.needs_reference, device)
+    for lm in (policy.lm, ref_model):  # trainer.fp32_lm_head, on the heads themselves (every pass reads it there)
+        if lm is not None:
+            set_fp32_lm_head(lm, cfg.trainer.fp32_lm_head)
     reward_model = build_reward_model(cfg, tokenizer, device)
     sources = build_sources(cfg, tokenizer, reward_model, device)
     kl_controller = instantiate_or_config_error(cfg.kl_controller)
@@ -160,17 +168,22 @@ def build_run(cfg: DictConfig, accelerator=None, run_dir: str | Path | None = No
     reference = build_reference(cfg, unwrapped.lm, ref_model, decisions.sampling, accelerator, run_dir) \
         if algorithm.needs_reference else None
     eos, pad = special_ids(unwrapped.lm, tokenizer)
-    # log-probs and values straight from the generation steps (no second policy pass), unless the loss's
-    # forward runs under autocast while generation does not (then one scoring pass keeps ratio 1 exact);
-    # LoRA: policy and reference log-probs from the same one-pass code (first iteration's KL exactly 0)
-    with_scores = accelerator.mixed_precision == "no" and (reference is None or reference.kind != "adapter_off")
-    backend = build_backend(cfg, prepared, eos, pad, decisions.sampling, with_scores, accelerator.unwrap_model)
+    # the backend records the sampler's log-probs (and values) as it samples: they are the rollout's π_old with no
+    # second policy pass, unless the trainer's own no-grad pass gives π_old: under autocast (bf16 / fp16: the
+    # decode steps and the update's forward round differently; that pass keeps the first ratio exact), with LoRA
+    # (policy and reference log-probs from the same one-pass code: the first iteration's KL is exactly 0) and
+    # with algorithm.is_correction (it weighs π_old against the sampler's log-probs)
+    autocast = accelerator.autocast if accelerator.mixed_precision != "no" else None
+    trainer_pass = (autocast is not None or (reference is not None and reference.kind == "adapter_off")
+                    or algorithm.corrects_mismatch)
+    backend = build_backend(cfg, prepared, eos, pad, decisions.sampling, True, accelerator.unwrap_model)
     shaping = build_shaping_for(cfg, eos)
     rollout = RolloutFromModel(prepared, backend, reference, sources, shaping, eos_token_ids=eos, pad_token_id=pad,
                                max_new_tokens=cfg.rollout.max_new_tokens, sampling=decisions.sampling,
                                num_samples=decisions.group_size, logprob_batch_size=cfg.rollout.logprob_batch_size,
                                unwrap_fn=accelerator.unwrap_model,
-                               token_budget=decisions.update.token_budget if decisions.update.packing else None)
+                               token_budget=decisions.update.token_budget if decisions.update.packing else None,
+                               trainer_pass=trainer_pass, autocast=autocast)
     multi = accelerator.num_processes > 1
     gather = (lambda t: accelerator.gather(t.to(accelerator.device)).cpu()) if multi else (lambda t: t)
     all_reduce_sum = (lambda t: accelerator.reduce(t.to(accelerator.device), "sum").to(t.device)) if multi else None

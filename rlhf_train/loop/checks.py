@@ -22,9 +22,9 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from rlhf_train.infra.errors import ConfigError
+from rlhf_train.loop.precision import check_is_correction, check_precision
 
 UNCHECKED_SECTIONS = ("logger",)  # W&B settings may be passed through (and +logger.api_key is redacted)
-MIXED_PRECISION = (None, "no", "fp16", "bf16", "fp8")
 REWARD_MODEL_FACTORY = "rlhf_train.models.reward_model.build_reward_model"  # a rewards.<name> entry's model
 
 
@@ -182,9 +182,8 @@ def check_ranges(cfg: DictConfig) -> None:
         raise ConfigError(f"scheduler.name='{cfg.scheduler.name}' is not valid; choose one of: {', '.join(schedulers)}")
     if cfg.scheduler.get("warmup_steps", 0) < 0:
         raise ConfigError(f"scheduler.warmup_steps={cfg.scheduler.warmup_steps} must be >= 0")
-    if cfg.trainer.mixed_precision not in MIXED_PRECISION:
-        raise ConfigError(f"trainer.mixed_precision='{cfg.trainer.mixed_precision}' is not valid; choose one of: "
-                          f"no, bf16, fp16, fp8 (or null: what `accelerate launch` was given)")
+    check_precision(cfg.trainer)  # trainer.precision and its older name (rlhf_train/loop/precision.py)
+    check_is_correction(cfg)
     if cfg.data.get("num_workers", 0) < 0:
         raise ConfigError(f"data.num_workers={cfg.data.num_workers} must be >= 0 (0 loads in the main process)")
     lr = cfg.optimizer.get("lr")

@@ -6,7 +6,8 @@ One call ``rollout(batch, kl_coef=β)`` is:
   1. the prompts, left-padded ``[N, P]`` (each repeated ``num_samples`` times: the samples of a prompt
      are adjacent rows);
   2. generation through the :class:`~rlhf_train.generation.base.GenerationBackend` (which also gives the
-     policy's sampling log-probs and values where it can; else one policy pass over prompt + response);
+     policy's sampling log-probs and values where it can; else, or with ``trainer_pass``, one policy pass
+     over prompt + response gives them, and the sampler's are kept as ``sampler_log_prob``);
   3. the reward sources (:mod:`rlhf_train.rewards.sources`, a weighted dict keyed by name) score each
      sequence, while the reference (:class:`~rlhf_train.models.reference.Reference`, one object) scores
      the response tokens in one batched pass; the batch's reference responses, when it has them, are
@@ -22,10 +23,13 @@ is the adapter :class:`rlhf_train.compat.torchrl.RolloutFromModel` over this cla
 Conventions (see ``anchors.md``): EOS and pad ids come from the tokenizer / model config; tokens are stored
 once per sequence (``Tokens.full [B, P+T]`` + ``Masks.response [B, T]``); ``sample_log_prob`` is the
 log-prob under the distribution the token was sampled from (temperature, top-k, top-p), so the first PPO
-ratio is 1; the EOS token is an action like any other (a log-prob, a KL term and the reward).
+ratio is 1; the EOS token is an action like any other (a log-prob, a KL term and the reward). With
+``autocast`` (``trainer.precision`` bf16 / fp16) every pass of a call runs under it: generation, the policy's
+pass, the reference and the reward models.
 """
 from __future__ import annotations
 
+import contextlib
 from typing import Any, Callable
 
 import torch
@@ -96,6 +100,10 @@ class RolloutFromModel:
         token_budget: ``update.token_budget`` with ``update.packing`` (else None): the policy's scoring pass
             runs on packed micro-batches of at most this many tokens instead (:mod:`rlhf_train.models.packed`).
         unwrap_fn: unwraps a DDP / FSDP / Accelerate-prepared policy.
+        trainer_pass: ``sample_log_prob`` (π_old) and ``values`` always from the policy's own no-grad pass,
+            the generation's log-probs kept as ``sampler_log_prob`` (precision, LoRA, ``algorithm.is_correction``:
+            :mod:`rlhf_train.loop.build` decides); else the generation's are π_old when it has them.
+        autocast: a context factory every pass of a call runs under (Accelerate's autocast), or ``None``.
     """
 
     def __init__(self, policy, backend: GenerationBackend, reference: Reference | None,
@@ -103,7 +111,8 @@ class RolloutFromModel:
                  eos_token_ids: tuple[int, ...], pad_token_id: int, max_new_tokens: int,
                  sampling: SamplingParams = SamplingParams(), num_samples: int = 1,
                  logprob_batch_size: int | None = None, unwrap_fn: Callable | None = None,
-                 token_budget: int | None = None):
+                 token_budget: int | None = None, trainer_pass: bool = False,
+                 autocast: Callable[[], contextlib.AbstractContextManager] | None = None):
         if max_new_tokens <= 0:
             raise ValueError(f"max_new_tokens must be positive, got {max_new_tokens}")
         self.policy, self.backend, self.reference = policy, backend, reference
@@ -112,6 +121,7 @@ class RolloutFromModel:
         self.max_new_tokens, self.sampling, self.num_samples = max_new_tokens, sampling, num_samples
         self.logprob_batch_size, self.unwrap_fn = logprob_batch_size, unwrap_fn or (lambda m: m)
         self.token_budget = token_budget
+        self.trainer_pass, self.autocast = trainer_pass, autocast or contextlib.nullcontext
         # a PolicyWithValue built without a value head (a critic-free algorithm): the rollout has no values
         base = self.unwrap_fn(policy)
         self.has_critic = getattr(base, "value_head", "plain LM") is not None
@@ -122,10 +132,11 @@ class RolloutFromModel:
         ``reference_attention_mask``, ``columns``]) and return the scored, shaped :class:`Rollout`."""
         prompt, prompt_mask = prompt_tensors(batch, self.pad_token_id)
         extra = {} if generation_config is None else {"generation_config": generation_config}
-        gen = self.backend.generate(prompt, prompt_mask, self.num_samples, **extra)
-        prompt, prompt_mask = self.repeat(prompt, prompt_mask)
-        full = torch.cat([prompt, gen.response], dim=1)
-        return self.score(batch, full, prompt_mask, gen.log_probs, gen.values, kl_coef=kl_coef)
+        with self.autocast():
+            gen = self.backend.generate(prompt, prompt_mask, self.num_samples, **extra)
+            prompt, prompt_mask = self.repeat(prompt, prompt_mask)
+            full = torch.cat([prompt, gen.response], dim=1)
+            return self.score(batch, full, prompt_mask, gen.log_probs, gen.values, kl_coef=kl_coef)
 
     def repeat(self, *tensors: torch.Tensor):
         """Each prompt row ``num_samples`` times, the samples of a prompt adjacent."""
@@ -179,7 +190,8 @@ class RolloutFromModel:
               kl_coef: float = 0.0, shape: bool = True) -> Rollout:
         """Score generated sequences ``full [B, P+T]`` (left-padded prompt + response; ``prompt_mask [B, P]``).
 
-        ``log_probs`` / ``values [B, T]``: from generation, or ``None`` for one policy pass here;
+        ``log_probs`` / ``values [B, T]``: from generation (kept as ``sampler_log_prob``; with
+        ``trainer_pass`` the policy's pass still gives π_old), or ``None`` for one policy pass here;
         ``ref_log_probs [B, T]``: given, or ``None`` for the reference pass; ``shape=False`` leaves the
         shaping stack to the caller (the torchrl adapter runs a torchrl ``Compose`` instead)."""
         T = self.max_new_tokens
@@ -188,7 +200,8 @@ class RolloutFromModel:
         response_mask = response_mask_from_tokens(response, self.eos_token_ids)
         full_mask = torch.cat([prompt_mask, response_mask], dim=1)
         B, device = full.shape[0], full.device
-        if log_probs is None:
+        sampler = log_probs.reshape(B, T).float().masked_fill(~response_mask, 0.0) if log_probs is not None else None
+        if log_probs is None or self.trainer_pass:
             log_probs, values = self.policy_log_probs_and_values(full, full_mask, prompt_len)
         elif values is None and self.has_critic:
             values = torch.zeros(B, T, device=device)
@@ -217,7 +230,7 @@ class RolloutFromModel:
         ro = Rollout(
             tokens=Tokens(prompt=prompt, response=response, full=full, batch_size=[B]),
             masks=Masks(prompt=prompt_mask, response=response_mask, full=full_mask, batch_size=[B]),
-            sample_log_prob=log_probs,
+            sample_log_prob=log_probs, sampler_log_prob=sampler,
             values=values.masked_fill(~response_mask, 0.0) if values is not None and self.has_critic else None,
             ref_log_prob=(ref_log_probs.to(device).reshape(B, T).float().masked_fill(~response_mask, 0.0)
                           if ref_log_probs is not None else None),

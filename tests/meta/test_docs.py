@@ -87,11 +87,12 @@ def test_glossary_names_exactly_the_logged_metrics(tmp_path):
 
     logged = set()
     # PPO, and GRPO with the KL in the loss (its group, clip-range and KL-loss metrics): together every metric
+    # (GRPO with the importance-sampling correction on: objective/is_filtered_frac)
     # (GRPO with the held-out evaluation: time/eval_s and eval/...)
     evaluation = ["evaluation=verifiable", "evaluation.split=validation", "evaluation.num_prompts=2",
                   "evaluation.num_samples=2"]
     for run, algorithm in (("ppo", []), ("grpo", ["algorithm=grpo", "rollout.num_samples=2", "data.batch_size=2",
-                                                  *evaluation])):
+                                                  "algorithm.is_correction.level=token", *evaluation])):
         cfg = make_cfg("trainer.num_iterations=1", "data.max_prompts=4", "update.num_epochs=1",
                        "trainer.checkpoint_every=100", *algorithm)
         assert cfg["update"].max_grad_norm is not None  # policy/grad_norm is logged only with gradient clipping

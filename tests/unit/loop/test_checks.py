@@ -259,7 +259,17 @@ def test_only_a_run_dir_this_start_created_and_left_empty_is_removed(tmp_path):
 # ---------------------------------------------------------------- issue 17, item 7: values that slipped through
 @pytest.mark.parametrize("override,match", [
     ("scheduler.name=bogus", r"scheduler\.name='bogus' is not valid; choose one of: .*linear"),
-    ("trainer.mixed_precision=fp9", r"trainer\.mixed_precision='fp9' is not valid"),
+    ("trainer.mixed_precision=fp9", r"trainer\.mixed_precision='fp9' is not valid .*use trainer\.precision="),
+    ("trainer.precision=fp8", r"trainer\.precision='fp8' is not valid; choose one of: fp32, bf16, fp16"),
+    ("trainer.precision=bf16 trainer.mixed_precision=no", r"trainer\.precision=bf16 and trainer\.mixed_precision=no "
+                                                          r"disagree"),
+    ("algorithm.is_correction.level=batch", r"algorithm\.is_correction\.level='batch' is not valid"),
+    ("algorithm.is_correction.level=token algorithm.is_correction.mode=drop",
+     r"algorithm\.is_correction\.mode='drop' is not valid; choose one of: clip, mask"),
+    ("algorithm.is_correction.level=token algorithm.is_correction.threshold=[1.5,3]",
+     r"algorithm\.is_correction\.threshold=\[1\.5, 3\.0\] must be \[low, high\] with 0 <= low <= 1 <= high"),
+    ("algorithm.is_correction.level=sequence rollout.do_sample=false",
+     r"algorithm\.is_correction needs the sampler's log-probs.*rollout\.do_sample=true"),
     ("data.num_workers=-1", r"data\.num_workers=-1 must be >= 0"),
     ("optimizer.lr=-1", r"optimizer\.lr=-1.0 must be positive"),
     ("kl_controller.init_kl_coef=-1", r"kl_controller\.init_kl_coef=-1.0 must be >= 0"),
@@ -275,7 +285,7 @@ def test_only_a_run_dir_this_start_created_and_left_empty_is_removed(tmp_path):
 def test_values_that_slipped_through(override, match):
     from rlhf_train.loop.checks import check_config
 
-    cfg = make_cfg("kl_controller=adaptive", "update.minibatch_size=4", override)
+    cfg = make_cfg("kl_controller=adaptive", "update.minibatch_size=4", *override.split())
     with pytest.raises(ConfigError, match=match) as exc:
         check_config(cfg)
     assert "\n" not in str(exc.value)
