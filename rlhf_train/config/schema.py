@@ -311,7 +311,9 @@ class Config:
     policy: Any = MISSING
     ref_model: Any = MISSING
     reward_model: Optional[Any] = None  # reward_model=null: no reward model (the `rewards` entries score)
-    rewards: Dict[str, Any] = field(default_factory=dict)  # more reward sources by name (rlhf_train/rewards/sources.py)
+    # more reward sources by name (rlhf_train/rewards/sources.py); free-form entries (a function's keyword
+    # arguments), their workers / timeout_s typed by rlhf_train/rewards/function_source.py's execution_settings
+    rewards: Dict[str, Any] = field(default_factory=dict)
     kl_controller: Any = MISSING
     transforms: Any = MISSING
     data: Any = MISSING

@@ -3,7 +3,9 @@
 * skipped updates: a minibatch whose rollout fields, loss or gradient norm is not finite is not applied
   (:mod:`rlhf_train.algorithms.update`); ``max_consecutive`` in a row stop the run;
 * reward errors: a batch whose Python reward function raised is skipped (the loop's rollout guard);
-  ``max_consecutive`` such batches in a row stop the run.
+  ``max_consecutive`` such batches in a row stop the run;
+* reward timeouts: rows that scored ``None`` because a reward function's call timed out or its worker
+  process died (``rlhf_train/rewards/executor.py``); the batch goes on, so they never stop the run.
 
 Saved in every checkpoint (``state_dict``) under the same keys as the logged ``faults/*`` metrics.
 """
@@ -19,6 +21,7 @@ class Faults:
     consecutive: int = 0            # ... in a row, up to now
     reward_errors: int = 0          # batches skipped because a reward function raised (faults/reward_errors)
     reward_consecutive: int = 0     # ... in a row, up to now
+    reward_timeouts: int = 0        # rows scored None: a reward call timed out or its worker died (faults/reward_timeouts)
 
     def skip_update(self) -> None:
         self.skipped += 1
@@ -39,6 +42,9 @@ class Faults:
     def reward_ok(self) -> None:
         self.reward_consecutive = 0
 
+    def reward_rows_lost(self, rows: int) -> None:
+        self.reward_timeouts += int(rows)
+
     def fresh_budget(self) -> None:
         """After a fault stop: whoever resumes the checkpoint it writes gets ``max_consecutive`` faults of each
         kind again (the totals are kept)."""
@@ -49,5 +55,5 @@ class Faults:
         return {k: v for k, v in asdict(self).items() if k != "max_consecutive"}
 
     def load_state_dict(self, state: dict) -> None:
-        for key in ("skipped", "consecutive", "reward_errors", "reward_consecutive"):
+        for key in ("skipped", "consecutive", "reward_errors", "reward_consecutive", "reward_timeouts"):
             setattr(self, key, int(state.get(key, 0)))

@@ -23,6 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from rlhf_train.infra.errors import ConfigError
 from rlhf_train.loop.precision import check_is_correction, check_precision
+from rlhf_train.rewards.function_source import check_entries as check_reward_execution
 
 UNCHECKED_SECTIONS = ("logger",)  # W&B settings may be passed through (and +logger.api_key is redacted)
 REWARD_MODEL_FACTORY = "rlhf_train.models.reward_model.build_reward_model"  # a rewards.<name> entry's model
@@ -36,6 +37,7 @@ def check_config(cfg: DictConfig) -> None:
     check_added_keys(cfg)
     check_ranges(cfg)
     check_model_dirs(cfg)
+    check_reward_execution(cfg.get("rewards"))  # rewards.<name>.workers / timeout_s
     check_stack(cfg)
     check_data(cfg)
     check_evaluation(cfg)

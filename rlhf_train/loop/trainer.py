@@ -40,6 +40,7 @@ from rlhf_train.loop.evaluation import HeldOutEval
 from rlhf_train.loop.metrics import ConstantSourceWatch, accuracy_thresholds, rollout_metrics, sample_rows
 from rlhf_train.loop.state import TrainState
 from rlhf_train.models.export import export_policy
+from rlhf_train.rewards.sources import close_sources
 
 log = logging.getLogger(__name__)  # under the CLI: the console and the run dir's __main__.log (Hydra's job logging)
 
@@ -55,6 +56,8 @@ def guarded_rollout(run: Run, state: TrainState, batch, kl_coef: float) -> Rollo
         ro = run.rollout(batch, kl_coef=kl_coef)
     except RewardFunctionError as e:
         err = e
+    report = getattr(run.rollout, "reward_report", None)  # rows a reward timeout / dead worker left None
+    state.faults.reward_rows_lost(report.lost if report is not None else 0)
     failed = err is not None
     if accelerator.num_processes > 1:
         failed = bool(accelerator.reduce(torch.tensor(float(failed), device=accelerator.device), "sum").item() > 0)
@@ -104,6 +107,9 @@ def step(run: Run, state: TrainState, batch) -> tuple[dict, Rollout] | None:
                "faults/reward_errors": state.faults.reward_errors, "time/rollout_s": t_rollout,
                "time/update_s": t_update, "time/iteration_s": time.perf_counter() - t0,
                "lr": run.lr_scheduler.get_last_lr()[0]}
+    report = getattr(run.rollout, "reward_report", None)  # the reward sources' time, rows left unscored
+    metrics.update({"faults/reward_timeouts": state.faults.reward_timeouts,
+                    "time/reward_s": report.seconds if report is not None else 0.0})
     return reduce_metrics(metrics, accelerator), ro
 
 
@@ -117,10 +123,13 @@ def train(cfg: DictConfig, run_dir: str | Path | None = None) -> dict:
     # one run per run dir (rank 0 decides, before any model is built): writable, locked for this run, no
     # other run's checkpoints in it, and the checkpoint to resume from (verified, written with this config)
     resume_path, run_lock = claim_run_dir(run_dir, accelerator, cfg.trainer.resume, config_yaml)
+    run = None
     try:
         run = build_run(cfg, accelerator, run_dir, decisions)
         return _loop(run, run_dir, resume_path, config_yaml)
     finally:
+        if run is not None:  # reward functions' worker processes (a later call starts new ones)
+            close_sources(run.rollout.reward_sources)
         run_lock.release()
 
 

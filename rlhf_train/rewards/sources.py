@@ -8,9 +8,12 @@ one of them): ``score = Σ_name weight · source(sequences)``, each source's raw
   ``AutoModelForSequenceClassification``), ``(input_ids, attention_mask) -> (rewards, end_scores)``;
 * :class:`FunctionRewardSource`: a Python function called once per batch as
   ``fn(prompts, completions, **columns) -> list[float | None]`` (TRL's ``reward_funcs`` signature;
-  ``None``: no reward for that sample). Functions run in a worker thread while the reward models and the
-  reference pass (:func:`score_sources`' ``during``) run on the calling thread (torch releases the GIL), so
-  a slow function overlaps with the model passes.
+  ``None``: no reward for that sample), or once per slice of the batch in each of its worker processes
+  (:mod:`rlhf_train.rewards.executor`: ``rewards.<name>.workers``, ``rewards.<name>.timeout_s``, ``async
+  def``). Functions are handed their batch first; the reward models and the reference pass
+  (:func:`score_sources`' ``during``) run on the calling thread meanwhile (torch releases the GIL), so a
+  slow function overlaps with the model passes. A call past its timeout, or whose worker died, scores
+  ``None`` for its rows and is counted (:class:`RewardReport`).
 
 ``None`` / NaN rows: as in TRL, the weighted sum skips a function's None (NaN) for that row (``nansum``: a row
 that no source rewards gets 0), so ``None`` never skips an update; a reward model's NaN is a fault: the row's
@@ -22,6 +25,7 @@ A new kind of source goes in ``rlhf_train/rewards/<name>.py`` as a callable with
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
@@ -29,6 +33,7 @@ import torch
 from tensordict import TensorDict
 
 from rlhf_train.core.containers import right_pad
+from rlhf_train.rewards.function_source import FunctionRewardSource, RewardFunctionError  # noqa: F401 (re-exported)
 
 
 @dataclass
@@ -83,13 +88,29 @@ class RewardModelSource:
         return torch.cat(out) if out else torch.zeros(0, device=sequences.full.device)
 
 
-def weighted_sum(sources: dict[str, tuple[RewardSource, float]], sequences: Sequences) -> tuple[torch.Tensor, TensorDict]:
+@dataclass
+class RewardReport:
+    """What scoring a batch cost, for the loop's metrics: ``seconds`` (``time/reward_s``: the reward models'
+    passes or the longest function call, whichever is longer: the time scoring takes on its own, the
+    reference pass beside it not included) and ``lost_rows`` per source (rows scored ``None`` because a
+    call timed out or its worker died: ``faults/reward_timeouts``). Filled in by :func:`score_sources`."""
+
+    seconds: float = 0.0
+    lost_rows: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def lost(self) -> int:
+        return sum(self.lost_rows.values())
+
+
+def weighted_sum(sources: dict[str, tuple[RewardSource, float]], sequences: Sequences,
+                 report: RewardReport | None = None) -> tuple[torch.Tensor, TensorDict]:
     """``(Σ_name weight · score_name [B], TensorDict of each source's raw score [B])``.
 
-    Sources that run in a thread (``overlap = True``: Python functions) start first and are joined after
-    the others. A Python function's NaN (it returned None: no reward) is left out of that row's sum (a row
+    Sources that run beside the others (``overlap = True``: Python functions) start first and are joined
+    after them. A Python function's NaN (it returned None: no reward) is left out of that row's sum (a row
     no source rewards gets 0, as TRL's ``nansum``); a reward model's NaN makes the row's score NaN (a fault)."""
-    total, parts, _ = score_sources(sources, sequences)
+    total, parts, _ = score_sources(sources, sequences, report=report)
     return total, parts
 
 
@@ -98,15 +119,43 @@ def has_threaded(sources: dict[str, tuple[RewardSource, float]]) -> bool:
 
 
 def score_sources(sources: dict[str, tuple[RewardSource, float]], sequences: Sequences,
-                  during: Callable[[], Any] | None = None) -> tuple[torch.Tensor, TensorDict, Any]:
+                  during: Callable[[], Any] | None = None,
+                  report: RewardReport | None = None) -> tuple[torch.Tensor, TensorDict, Any]:
     """:func:`weighted_sum`, plus ``during()`` (e.g. the reference pass) run on the calling thread while the
-    threaded sources (Python functions) score: ``(total, parts, during's result)``."""
+    overlapping sources (Python functions) score: ``(total, parts, during's result)``. ``report``: filled in
+    (its seconds and lost rows added to), also when a function's raise is re-raised here."""
+    from rlhf_train.rewards.executor import in_thread
+
     B, device = sequences.full.shape[0], sequences.full.device
-    futures = {name: _pool().submit(source, sequences) for name, (source, _) in sources.items()
-               if getattr(source, "overlap", False)}
-    scores = {name: source(sequences) for name, (source, _) in sources.items() if name not in futures}
-    extra = during() if during is not None else None
-    scores.update({name: f.result() for name, f in futures.items()})
+    t0 = time.perf_counter()
+    pending = {name: source.start(sequences) if isinstance(source, FunctionRewardSource)
+               else in_thread(lambda source=source: source(sequences))
+               for name, (source, _) in sources.items() if getattr(source, "overlap", False)}
+    scores, first_error, longest = {}, None, 0.0
+    try:
+        scores.update({name: source(sequences) for name, (source, _) in sources.items() if name not in pending})
+        models_s = time.perf_counter() - t0
+        extra = during() if during is not None else None
+    finally:  # every call handed over is collected (or its workers stopped), whatever failed above
+        for name, handle in pending.items():
+            source = sources[name][0]
+            try:
+                if isinstance(source, FunctionRewardSource):
+                    scores[name], lost, seconds = source.finish(handle)
+                    if report is not None and lost:
+                        report.lost_rows[name] = report.lost_rows.get(name, 0) + lost
+                else:
+                    result = handle.result()
+                    if result.raised is not None:
+                        raise result.error
+                    scores[name], seconds = result.out, result.seconds
+                longest = max(longest, seconds)
+            except BaseException as err:  # noqa: BLE001  (the first one is raised once all are collected)
+                first_error = first_error or err
+    if report is not None:
+        report.seconds += max(models_s, longest)
+    if first_error is not None:
+        raise first_error
     parts = TensorDict({name: scores[name] for name in sources}, batch_size=[B], device=device)
     total = torch.zeros(B, device=device)
     fault = torch.zeros(B, dtype=torch.bool, device=device)
@@ -120,83 +169,6 @@ def score_sources(sources: dict[str, tuple[RewardSource, float]], sequences: Seq
             fault |= torch.isnan(x)
         total = total + float(weight) * x
     return total.masked_fill(fault, float("nan")), parts, extra
-
-
-_POOL = None
-
-
-def _pool():
-    """One worker thread for the reward functions (created on first use)."""
-    global _POOL
-    if _POOL is None:
-        from concurrent.futures import ThreadPoolExecutor
-
-        _POOL = ThreadPoolExecutor(max_workers=1, thread_name_prefix="reward-fn")
-    return _POOL
-
-
-class RewardFunctionError(RuntimeError):
-    """A reward function raised or returned something unusable; the message names the source."""
-
-
-class FunctionRewardSource:
-    """A Python reward function as a :class:`RewardSource`, called once per batch (TRL's signature):
-
-    ``fn(prompts=[B] str, completions=[B] str, **columns) -> list[float | None]`` of length ``B``.
-    ``prompts``: each prompt as the policy saw it (chat template applied; padding dropped);
-    ``completions``: the response text (special tokens such as EOS dropped); ``columns``: the dataset's
-    other columns for each row (e.g. ``answer``). ``None`` -> NaN (no reward for that row). A raise (any
-    ``BaseException``, ``sys.exit`` included), a wrong length, a non-number or a number that is NaN / inf
-    in float32 raises :class:`RewardFunctionError` naming the source (the loop skips the batch and counts it).
-    """
-
-    overlap = True  # runs in the reward worker thread, beside the reward models
-
-    def __init__(self, fn: Callable, tokenizer: Any, name: str = "function"):
-        self.fn, self.tokenizer, self.name = fn, tokenizer, name
-
-    def texts(self, sequences: Sequences) -> tuple[list[str], list[str]]:
-        P = sequences.prompt_len if sequences.prompt_len is not None else 0
-        full, mask = sequences.full.cpu(), sequences.full_mask.cpu().bool()
-        prompts = [row[m].tolist() for row, m in zip(full[:, :P], mask[:, :P])]
-        completions = [row[m].tolist() for row, m in zip(full[:, P:], mask[:, P:])]
-        dec = self.tokenizer.batch_decode
-        return dec(prompts, skip_special_tokens=False), dec(completions, skip_special_tokens=True)
-
-    def __call__(self, sequences: Sequences) -> torch.Tensor:
-        prompts, completions = self.texts(sequences)
-        B = len(completions)
-        try:
-            out = self.fn(prompts=prompts, completions=completions, **sequences.columns)
-        except Exception as err:
-            raise RewardFunctionError(f"reward function '{self.name}' raised {type(err).__name__}: {err}") from err
-        except BaseException as err:  # sys.exit(), KeyboardInterrupt raised by the function itself, ...: a fault
-            raise RewardFunctionError(f"reward function '{self.name}' raised {type(err).__name__}"
-                                      f"{f'({err})' if str(err) else ''} (it must return, not exit)") from None
-        return self.check(out, B, sequences.full.device)
-
-    def check(self, out: Any, B: int, device) -> torch.Tensor:
-        """``out`` as a ``[B]`` float32 tensor (None -> NaN), or :class:`RewardFunctionError`: not a sequence
-        of numbers (a ``str`` is not a list of rewards), the wrong length, or a number that is NaN / inf in
-        float32 (e.g. 1e39) — a fault of this function, counted like a raise."""
-        if isinstance(out, (str, bytes, dict)) or not hasattr(out, "__len__"):
-            raise RewardFunctionError(f"reward function '{self.name}' must return a list of float | None, "
-                                      f"got {type(out).__name__}: {str(out)[:80]}")
-        try:
-            values = [float("nan") if v is None else float(v) for v in out]
-        except (TypeError, ValueError):
-            raise RewardFunctionError(f"reward function '{self.name}' must return a list of float | None, "
-                                      f"got {type(out).__name__}: {str(out)[:80]}") from None
-        if len(values) != B:
-            raise RewardFunctionError(f"reward function '{self.name}' returned {len(values)} values for a batch of {B}")
-        scores = torch.tensor(values, dtype=torch.float32, device=device)
-        given = torch.tensor([v is not None for v in out], dtype=torch.bool, device=device)
-        bad = given & ~torch.isfinite(scores)  # NaN / inf returned (not None), or past float32's range
-        if bad.any():
-            i = int(bad.nonzero()[0])
-            raise RewardFunctionError(f"reward function '{self.name}' returned {list(out)[i]!r} for row {i}: "
-                                      f"NaN or inf in float32 (return None for 'no reward')")
-        return scores
 
 
 def reward_weight(value: Any, key: str) -> float:
@@ -231,6 +203,9 @@ def build_reward_sources(reward_model: torch.nn.Module | None, entries: dict | N
 
     from rlhf_train.infra.errors import ConfigError
 
+    from rlhf_train.rewards.executor import EXECUTION_KEYS
+    from rlhf_train.rewards.function_source import check_picklable, execution_settings
+
     sources: dict[str, tuple[RewardSource, float]] = {}
     if reward_model is not None:
         weight = reward_weight(reward_model_weight, "reward_model.weight")
@@ -242,6 +217,8 @@ def build_reward_sources(reward_model: torch.nn.Module | None, entries: dict | N
             raise ConfigError(f"{key}: the name '{name}' is taken by the reward_model group; choose another name")
         target = entry.pop("_target_", None)
         weight = reward_weight(entry.pop("weight", 1.0), f"{key}.weight")
+        workers, timeout_s = execution_settings(entry, key)
+        execution = {k: entry.pop(k) for k in EXECUTION_KEYS if k in entry}
         if not target:
             raise ConfigError(f"{key}._target_ is not set: set it to a reward function (my_module.my_reward) or a "
                               f"reward-model factory (rlhf_train.models.reward_model.build_reward_model)")
@@ -259,7 +236,10 @@ def build_reward_sources(reward_model: torch.nn.Module | None, entries: dict | N
         if not callable(obj):
             raise ConfigError(f"{key}._target_={target} is not callable")
         if "prompts" in params and "completions" in params and not inspect.isclass(obj):
-            sources[name] = (FunctionRewardSource(functools.partial(obj, **entry), tokenizer, name), weight)
+            fn = functools.partial(obj, **{k: _plain(v) for k, v in entry.items()})
+            if workers:
+                check_picklable(fn, key)
+            sources[name] = (FunctionRewardSource(fn, tokenizer, name, workers, timeout_s), weight)
             continue
         if "tokenizer" in params:
             entry["tokenizer"] = tokenizer
@@ -267,10 +247,15 @@ def build_reward_sources(reward_model: torch.nn.Module | None, entries: dict | N
             entry["override"] = f"{key}.pretrained"
         built = obj(**entry)
         if isinstance(built, torch.nn.Module):
+            if execution:
+                raise ConfigError(f"{key}.{next(iter(execution))}: only reward functions run in worker processes "
+                                  f"with a timeout; a reward model scores in the trainer's process (drop the key)")
             built.eval().requires_grad_(False).to(device)
             sources[name] = (RewardModelSource(built, pad_token_id, batch_size), weight)
         elif callable(built):
-            sources[name] = (FunctionRewardSource(built, tokenizer, name), weight)
+            if workers:
+                check_picklable(built, key)
+            sources[name] = (FunctionRewardSource(built, tokenizer, name, workers, timeout_s), weight)
         else:
             raise ConfigError(f"{key}._target_={target} returned {type(built).__name__}, neither a reward model "
                               f"nor a reward function")
@@ -280,9 +265,34 @@ def build_reward_sources(reward_model: torch.nn.Module | None, entries: dict | N
     return sources
 
 
+def _plain(value: Any) -> Any:
+    """A config value as plain Python (an OmegaConf list / dict node as a list / dict): what a function gets."""
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
+
+
+def close_sources(sources: dict[str, tuple[RewardSource, float]]) -> None:
+    """Stop the worker processes of every source that has them (the end of a run)."""
+    for source, _ in sources.values():
+        close = getattr(source, "close", None)
+        if close is not None:
+            close()
+
+
 def probe_reward_sources(sources: dict[str, tuple[RewardSource, float]], sequences: Sequences) -> None:
     """Score one batch with every source before training: a source that raises, returns the wrong shape or
     NaN / inf (a function's ``None`` is fine) stops the run with one line naming it."""
+    from rlhf_train.infra.errors import ConfigError
+
+    try:
+        _probe(sources, sequences)
+    except ConfigError:
+        close_sources(sources)  # the run stops here: no worker process is left behind
+        raise
+
+
+def _probe(sources: dict[str, tuple[RewardSource, float]], sequences: Sequences) -> None:
     from rlhf_train.infra.errors import ConfigError
 
     B = sequences.full.shape[0]
@@ -291,7 +301,16 @@ def probe_reward_sources(sources: dict[str, tuple[RewardSource, float]], sequenc
     for name, (source, _) in sources.items():
         what = f"reward function '{name}'" if isinstance(source, FunctionRewardSource) else f"reward source '{name}'"
         try:
-            scores = source(sequences)
+            if isinstance(source, FunctionRewardSource):  # a timeout or a dead worker here stops the run too
+                scores, lost, _ = source.finish(source.start(sequences), warn=False)
+                if lost:
+                    why = source.last_lost[0]
+                    raise ConfigError(f"{on}, {what} {why}; fix the function"
+                                      + (f" or raise rewards.{name}.timeout_s" if "timeout_s" in why else ""))
+            else:
+                scores = source(sequences)
+        except ConfigError:
+            raise
         except RewardFunctionError as err:
             raise ConfigError(f"{on}, {err}") from None
         except Exception as err:

@@ -48,7 +48,8 @@ from rlhf_train.models.packed import token_budget_chunks
 from rlhf_train.models.reference import Reference
 from rlhf_train.models.scoring import sequence_logprobs
 from rlhf_train.rewards.shaping import Shaping, apply_shaping
-from rlhf_train.rewards.sources import RewardSource, Sequences, has_threaded, score_sources, weighted_sum
+from rlhf_train.rewards.sources import RewardReport, RewardSource, Sequences, has_threaded, score_sources, \
+    weighted_sum
 
 
 def special_ids(model, tokenizer, eos_token_id=None, pad_token_id=None) -> tuple[tuple[int, ...], int]:
@@ -117,6 +118,7 @@ class RolloutFromModel:
             raise ValueError(f"max_new_tokens must be positive, got {max_new_tokens}")
         self.policy, self.backend, self.reference = policy, backend, reference
         self.reward_sources, self.shaping = reward_sources, shaping
+        self.reward_report = RewardReport()  # the last call's reward time and rows lost to reward timeouts
         self.eos_token_ids, self.pad_token_id = tuple(eos_token_ids), int(pad_token_id)
         self.max_new_tokens, self.sampling, self.num_samples = max_new_tokens, sampling, num_samples
         self.logprob_batch_size, self.unwrap_fn = logprob_batch_size, unwrap_fn or (lambda m: m)
@@ -213,19 +215,20 @@ class RolloutFromModel:
         has_eos = (is_eos(response, self.eos_token_ids) & response_mask).any(-1)
 
         columns = self.columns(batch, B)  # the dataset's other columns (e.g. answer), one value per row
-        # Python reward functions score in a worker thread; meanwhile the reference pass runs here
+        # Python reward functions score in their workers / threads; meanwhile the reference pass runs here
         reference = self.reference if ref_log_probs is None else None
         ref_pass = (lambda: reference.log_probs(full, full_mask, prompt_len)) if reference is not None else None
         overlap = ref_pass is not None and has_threaded(self.reward_sources)
+        self.reward_report = report = RewardReport()  # time/reward_s, faults/reward_timeouts (the loop reads it)
         score, parts, ref_early = score_sources(self.reward_sources, Sequences(full, full_mask, prompt_len, columns),
-                                                ref_pass if overlap else None)
+                                                ref_pass if overlap else None, report)
         if ref_log_probs is None and ref_pass is not None:
             ref_log_probs = ref_early if overlap else ref_pass()
         score_ref = None
         reference_batch = reference_sequences(batch)
         if reference_batch is not None:
             ids, mask = self.repeat(*reference_batch) if reference_batch[0].shape[0] != B else reference_batch
-            score_ref = weighted_sum(self.reward_sources, Sequences(ids, mask, None, columns))[0]
+            score_ref = weighted_sum(self.reward_sources, Sequences(ids, mask, None, columns), report)[0]
 
         ro = Rollout(
             tokens=Tokens(prompt=prompt, response=response, full=full, batch_size=[B]),

@@ -19,10 +19,11 @@ _CALLS = {"n": 0}
 
 def hangs_on_third_call(prompts, completions, **_):
     """Fine on the probe and iteration 1, then hangs (as a verifier stuck on a pathological answer would),
-    after touching ``$HANG_MARKER``."""
+    after writing its process id (a reward worker's) to ``$HANG_MARKER``."""
     _CALLS["n"] += 1
     if _CALLS["n"] >= 3:
-        open(os.environ["HANG_MARKER"], "w").close()
+        with open(os.environ["HANG_MARKER"], "w") as f:
+            f.write(str(os.getpid()))
         while True:
             time.sleep(1)
     return [0.5] * len(completions)
@@ -63,6 +64,17 @@ def test_sigterm_while_a_reward_function_hangs_exits_143_within_the_grace_period
             proc.kill()
     assert proc.returncode == 143, out[-3000:]
     assert 3 <= took < 10, took  # the grace period, then at once (not when the function returns: never)
+    worker = int(marker.read_text())  # the reward function's worker process (rewards.slow.workers: 1)
+    assert worker != proc.pid
+    for _ in range(50):  # killed with the trainer (PR_SET_PDEATHSIG), not left hanging
+        try:
+            os.kill(worker, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        os.kill(worker, signal.SIGKILL)
+        pytest.fail(f"the hanging reward worker {worker} outlived the trainer")
     assert "did not finish within 3 s of the signal (trainer.preempt_grace_s), so it is given up" in out
     assert "iter_000001" in out and "resume with trainer.resume=auto" in out
     ckpts = list_checkpoints(run)
@@ -77,7 +89,8 @@ def test_a_skipped_batch_does_not_skip_the_preemption_checkpoint(tmp_path):
 
     _CALLS["n"] = 0
     cfg = make_cfg("trainer.num_iterations=6", "trainer.checkpoint_every=100", "reward_model=none",
-                   "+rewards.f._target_=tests.e2e.test_preemption.fails_then_signals")
+                   "+rewards.f._target_=tests.e2e.test_preemption.fails_then_signals",
+                   "+rewards.f.workers=0")  # in the trainer's process: its SIGTERM is the trainer's
     with pytest.raises(SystemExit) as exc:
         train(cfg, tmp_path / "run")
     assert exc.value.code == 143

@@ -182,6 +182,7 @@ def calls_exit(prompts, completions, **_):
     sys.exit(3)
 
 
+@pytest.mark.parametrize("workers", [0, 1])  # in this process, in a worker process: the same line
 @pytest.mark.parametrize("fn, line", [
     ("raises", "on the first batch, reward function 'f' raised ValueError: boom"),
     ("wrong_length", "on the first batch, reward function 'f' returned 1 values for a batch of 3"),
@@ -192,12 +193,13 @@ def calls_exit(prompts, completions, **_):
     ("returns_str", "on the first batch, reward function 'f' must return a list of float | None, got str: 1.0"),
     ("calls_exit", "on the first batch, reward function 'f' raised SystemExit(3) (it must return, not exit)"),
 ])
-def test_probe_gives_one_line_per_fault(fn, line):
+def test_probe_gives_one_line_per_fault(fn, line, workers):
     from rlhf_train.infra.errors import ConfigError
     from rlhf_train.rewards.sources import build_reward_sources, probe_reward_sources
 
     tok = chat_tokenizer()
-    sources = build_reward_sources(None, {"f": {"_target_": f"tests.unit.rewards.test_sources.{fn}"}}, tok, tok.pad_token_id)
+    entry = {"_target_": f"tests.unit.rewards.test_sources.{fn}", "workers": workers}
+    sources = build_reward_sources(None, {"f": entry}, tok, tok.pad_token_id)
     with pytest.raises(ConfigError) as err:
         probe_reward_sources(sources, _texts_to_sequences(tok, TEXTS, prompt_len=2))
     assert str(err.value) == line
@@ -284,7 +286,8 @@ def test_a_faulty_function_later_skips_its_batch_which_is_redrawn_and_a_streak_s
 
     base = ["+recipe=smoke", "logger=csv", "trainer.progress_bar=false", "trainer.num_threads=1",
             f"cache_dir={tmp_path / 'cache'}", "trainer.checkpoint_every=100", "reward_model=none",
-            "+rewards.flaky._target_=tests.unit.rewards.test_sources.fails_after_probe"]
+            "+rewards.flaky._target_=tests.unit.rewards.test_sources.fails_after_probe",
+            "+rewards.flaky.workers=0"]  # in this process, so that _CALLS counts its calls
     _CALLS["n"] = 0
     out = train(compose([*base, "trainer.num_iterations=4", "trainer.max_consecutive_faults=3"]), run_dir=tmp_path / "a")
     assert out["metrics"]["faults/reward_errors"] == 2  # two batches skipped and redrawn ...
