@@ -13,14 +13,22 @@ reward-model passes instead of adding to them. Measured here, one JSON line each
 * ``rollout_scoring``: ``RolloutFromModel.create_rollout_td`` (reward sources, then the transform stack
   with the reference pass: a GPT-2 of the same shape) with the sleeping function as the only source, in
   order (``in_order_s``: the function's thread disabled) and with the reference pass running while the
-  function scores (``function_beside_reference_s``).
+  function scores (``function_beside_reference_s``);
+* ``pool``: ``--batch`` rows scored by a CPU-bound function that burns ``--row_cpu_s`` of CPU per row
+  (:func:`cpu_bound`), in the trainer's process (``rewards.<name>.workers=0``: ``in_process_s``) and in
+  ``--workers`` worker processes (``pool_s``, the first call's worker start-up not included:
+  ``first_pool_call_s`` has it), and whether both gave the same rewards. ``cpu_count``: the cores this
+  process may use (the speed-up is at most that many; on a loaded machine less).
 
     python benchmarks/reward_functions.py
+    python benchmarks/reward_functions.py --only pool --workers 4 --row_cpu_s 0.5
 """
 from __future__ import annotations
 
 import argparse
+import functools
 import json
+import os
 import time
 
 import torch
@@ -33,6 +41,50 @@ def sleeper(seconds: float):
     return fn
 
 
+def cpu_bound(prompts, completions, row_cpu_s: float = 0.5, **_):
+    """A CPU-bound reward (a verifier's stand-in): burns ``row_cpu_s`` seconds of this thread's CPU per row
+    (not wall time: on a loaded machine each row still costs the same CPU), returns a value per row."""
+    out = []
+    for c in completions:
+        t0, x = time.thread_time(), 0
+        while time.thread_time() - t0 < row_cpu_s:  # (the clock is a system call: read it every 10k steps)
+            for _ in range(10_000):
+                x = (x * 31 + len(c)) % 1000003
+        out.append(float(len(c)))
+    return out
+
+
+def pool(args) -> dict:
+    """``--batch`` rows of :func:`cpu_bound`: in this process, then in ``--workers`` worker processes."""
+    from rlhf_train.rewards.executor import start_method
+    from rlhf_train.rewards.sources import FunctionRewardSource, Sequences
+
+    class Tok:
+        def batch_decode(self, rows, skip_special_tokens=False):
+            return [" ".join(map(str, r)) for r in rows]
+
+    ids = torch.randint(2, 1000, (args.batch, 16))
+    seqs = Sequences(ids, torch.ones_like(ids, dtype=torch.bool), 8)
+    fn = functools.partial(cpu_bound, row_cpu_s=args.row_cpu_s)
+    inline = FunctionRewardSource(fn, Tok(), "cpu", workers=0, timeout_s=None)
+    workers = FunctionRewardSource(fn, Tok(), "cpu", workers=args.workers, timeout_s=None)
+    t0 = time.perf_counter()
+    expected = inline(seqs)
+    in_process = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    got = workers(seqs)
+    first = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    again = workers(seqs)
+    pooled = time.perf_counter() - t0
+    workers.close()
+    return {"pool": {"rows": args.batch, "row_cpu_s": args.row_cpu_s, "workers": args.workers,
+                     "start_method": start_method(), "cpu_count": len(os.sched_getaffinity(0)),
+                     "in_process_s": round(in_process, 3), "first_pool_call_s": round(first, 3),
+                     "pool_s": round(pooled, 3), "speedup": round(in_process / pooled, 2),
+                     "same_rewards": bool(torch.equal(expected, got) and torch.equal(expected, again))}}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--batch", type=int, default=32)
@@ -41,7 +93,13 @@ def main() -> None:
     ap.add_argument("--width", type=int, default=256)
     ap.add_argument("--sleep", type=float, default=0.5)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--workers", type=int, default=4)
+    ap.add_argument("--row_cpu_s", type=float, default=0.5)
+    ap.add_argument("--only", choices=["pool"], default=None, help="run only this measurement")
     args = ap.parse_args()
+    if args.only == "pool":
+        print(json.dumps(pool(args)))
+        return
 
     from transformers import GPT2Config, GPT2Model
 
@@ -122,6 +180,7 @@ def main() -> None:
         "batch": args.batch, "tokens": args.tokens, "ref_layers": args.layers, "ref_width": args.width,
         "function_sleep_s": args.sleep, "in_order_s": round(times[False], 3),
         "function_beside_reference_s": round(times[True], 3), "saved_s": round(times[False] - times[True], 3)}}))
+    print(json.dumps(pool(args)))
 
 
 if __name__ == "__main__":
