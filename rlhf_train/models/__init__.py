@@ -10,7 +10,7 @@ Loading causal LMs by name or path (``loading``, GGUF files through ``gguf``), a
 line (``model_dirs``), the policy with its value head and the reference's model (``policy``), the reference
 as one object of kind copy | adapter_off | ray (``reference``), LoRA adapters (``lora``), the trained policy
 as a plain HF model dir (``export``), one forward pass over prompt + response for log-probs and hidden
-states (``scoring``), reward models (``reward_model``, ``hf_reward_model``) and the reference as a named Ray
+states (``scoring``), the same pass over sequences packed without padding (``packed``, ``update.packing``), reward models (``reward_model``, ``hf_reward_model``) and the reference as a named Ray
 actor (``ray_reference``).
 
 May import: ``rlhf_train.core`` and ``rlhf_train.infra``.
