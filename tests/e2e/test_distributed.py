@@ -205,7 +205,7 @@ def test_bf16_keeps_log_probs_and_kl_fp32_with_models_placed_on_cpu(tmp_path, mo
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
         cfg = compose("config", overrides=[
             "+recipe=smoke", "logger=none", "trainer.progress_bar=false", "trainer.num_iterations=1",
-            "trainer.mixed_precision=bf16", "ref_model.device=cpu", "reward_model.device=cpu",
+            "trainer.precision=bf16", "ref_model.device=cpu", "reward_model.device=cpu",
             "rollout.max_new_tokens=8"])
     seen = []
     rollout_call = RolloutFromModel.__call__
@@ -213,7 +213,7 @@ def test_bf16_keeps_log_probs_and_kl_fp32_with_models_placed_on_cpu(tmp_path, mo
                         lambda self, batch, *a, **k: seen.append(rollout_call(self, batch, *a, **k)) or seen[-1])
     out = train(cfg, tmp_path)
     ro = seen[0]
-    for name in ("sample_log_prob", "ref_log_prob", "kl", "values", "reward", "kl_per_sequence"):
+    for name in ("sample_log_prob", "sampler_log_prob", "ref_log_prob", "kl", "values", "reward", "kl_per_sequence"):
         assert getattr(ro, name).dtype == torch.float32, name
     ref_model = out["rollout"].reference.model
     assert next(ref_model.parameters()).device.type == "cpu"
