@@ -52,8 +52,9 @@ class AdvantageEstimator(Protocol):
 class PolicyOutput:
     """The update's one forward pass of the policy over a minibatch's prompt + response.
 
-    ``log_probs [b, T]`` of the rollout's tokens under the sampling distribution; ``entropy [b, T]`` of
-    that distribution (``None`` when not asked for); ``values [b, T]`` (``None`` without a critic)."""
+    ``log_probs [b, T]`` of the rollout's tokens under the sampling temperature (no top-k / top-p);
+    ``entropy [b, T]`` of that distribution (``None`` when not asked for); ``values [b, T]`` (``None``
+    without a critic)."""
 
     log_probs: torch.Tensor
     entropy: torch.Tensor | None

@@ -20,13 +20,14 @@ from rlhf_train.infra.faults import Faults
 def policy_forward(policy, mb: Rollout, sampling: SamplingParams, with_entropy: bool,
                    packed: bool = False) -> PolicyOutput:
     """ONE forward pass over the micro-batch's prompt + response: log-probs of its tokens under the
-    sampling distribution, their entropies and the values, ``[b, T]`` each (the LM head runs at the
-    response positions only, see :func:`rlhf_train.models.scoring.response_logprobs`). ``packed``: the
-    rows as one packed row without padding (:mod:`rlhf_train.models.packed`)."""
+    sampling temperature alone (never top-k / top-p: :meth:`SamplingParams.for_scoring`), their entropies
+    and the values, ``[b, T]`` each (the LM head runs at the response positions only, see
+    :func:`rlhf_train.models.scoring.response_logprobs`). ``packed``: the rows as one packed row without
+    padding (:mod:`rlhf_train.models.packed`)."""
     full, mask = mb.tokens.full, mb.masks.response
     prompt_len = full.shape[1] - mask.shape[1]
     log_probs, entropy, values = policy(full, mb.masks.full, prompt_len, labels=mb.tokens.response,
-                                        temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
+                                        temperature=sampling.temperature,  # a sampled token is never at −inf
                                         with_entropy=with_entropy, **({"packed": True} if packed else {}))
     return PolicyOutput(log_probs, entropy, values)
 

@@ -111,7 +111,7 @@ class Rollout(TensorClass["nocast", "shadow"]):
     ===================  ===========  ==================================  =======================================
     ``tokens``           Tokens [B]   ``tokens``                          prompt [B, P] / response [B, T] / full ids
     ``masks``            Masks [B]    ``masks``                           their masks; response: up to and incl. EOS
-    ``sample_log_prob``  [B, T]       ``sample_log_prob``                 log π_old(a_t|s_t), sampling distribution
+    ``sample_log_prob``  [B, T]       ``sample_log_prob``                 log π_old(a_t|s_t) at the sampling temperature
     ``sampler_log_prob`` [B, T]       (none)                              log μ(a_t|s_t) the sampler recorded (None: not)
     ``values``           [B, T]       ``values``                          V(s_t) of the critic (None: no critic)
     ``ref_log_prob``     [B, T]       ``("ref_log_probs", "response")``   log π_ref(a_t|s_t) (None: no reference)

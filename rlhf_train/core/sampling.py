@@ -1,7 +1,12 @@
-"""The sampling distribution, shared by generation and the loss: temperature, then top-k, then top-p.
+"""The sampling distribution: temperature, then top-k, then top-p; and the distribution every log-prob is
+taken under: the temperature alone.
 
-The log-probs PPO computes must be those of the distribution tokens were sampled from, or the first
-PPO ratio is not 1; so the rollout and the update both go through :func:`process_logits`.
+top-k / top-p only decide which tokens can be drawn. Every log-prob the trainer records or computes (the
+sampler's as it draws, π_old, the update's π, π_ref) is of ``softmax(logits / temperature)``
+(:meth:`SamplingParams.for_scoring`), as TRL's and verl's losses score: under the filtered distribution a
+sampled token leaves the top-k set after one optimizer step, its log π is −inf and the k3 KL
+``inf − inf`` is NaN. The sampler records the same temperature-only log-prob (:func:`sample_filtered`),
+so the first ratio of the update is exactly 1.
 """
 from __future__ import annotations
 
@@ -14,16 +19,17 @@ import torch
 class SamplingParams:
     """How responses are sampled (the ``rollout`` config's ``temperature`` / ``top_k`` / ``top_p``).
 
-    The policy's log-probs are taken under this distribution; the reference model scores under the
-    ``temperature`` alone (:meth:`for_reference`), as TRL and torchrl do: a filter of its own would
-    give log π_ref = −inf (an infinite KL) to a sampled token outside it.
+    Tokens are drawn from this distribution; their log-probs (the sampler's, the policy's, the
+    reference's) are taken under the ``temperature`` alone (:meth:`for_scoring`), as TRL and verl do: a
+    filter would give log π = −inf (an infinite KL, a NaN k3) to a sampled token outside it.
     """
 
     temperature: float = 1.0
     top_k: int = 0        # 0 = off
     top_p: float = 1.0    # 1.0 = off
 
-    def for_reference(self) -> "SamplingParams":
+    def for_scoring(self) -> "SamplingParams":
+        """The distribution log-probs are taken under: this temperature, no top-k / top-p."""
         return SamplingParams(self.temperature, 0, 1.0)
 
 
@@ -34,8 +40,7 @@ def process_logits(logits: torch.Tensor, temperature: float = 1.0, top_k: int = 
     """Logits ``[..., V]`` of the distribution tokens are *sampled from*: temperature, then top-k, top-p.
 
     Mirrors ``transformers``' TemperatureLogitsWarper → TopKLogitsWarper → TopPLogitsWarper (the order
-    ``generate`` applies them), so the log-probs PPO computes are those of the sampling distribution and
-    the first PPO ratio is exactly 1. Computed in float32.
+    ``generate`` applies them), so the samplers draw what ``generate`` would. Computed in float32.
     """
     logits = logits.float()
     if temperature != 1.0:
@@ -51,6 +56,20 @@ def process_logits(logits: torch.Tensor, temperature: float = 1.0, top_k: int = 
         remove = remove_sorted.scatter(-1, sorted_idx, remove_sorted)
         logits = logits.masked_fill(remove, float("-inf"))
     return logits
+
+
+def sample_filtered(logits: torch.Tensor, sampling: SamplingParams) -> tuple[torch.Tensor, torch.Tensor]:
+    """One token per row of ``logits [B, V]`` drawn from the filtered distribution (temperature, top-k,
+    top-p: :func:`process_logits`, :func:`inverse_cdf_sample`), and its log-prob under the temperature
+    alone, ``log softmax(logits / temperature)[token]``: ``(tokens [B] long, log_probs [B] float32)``.
+
+    The log-prob is the one the update computes for the token (:meth:`SamplingParams.for_scoring`), so the
+    first ratio is 1; the filter's own log-prob (its renormalised mass) would not be.
+    """
+    scaled = logits.float() / sampling.temperature if sampling.temperature != 1.0 else logits.float()
+    probs = torch.softmax(process_logits(scaled, 1.0, sampling.top_k, sampling.top_p), -1)
+    tokens = inverse_cdf_sample(probs)
+    return tokens, torch.log_softmax(scaled, -1).gather(-1, tokens[:, None]).squeeze(-1)
 
 
 # --------------------------------------------------------------------------------------------

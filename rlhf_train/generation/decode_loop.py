@@ -23,12 +23,7 @@ import torch
 from torch import nn
 
 from rlhf_train.core.containers import is_eos, position_ids_from_mask
-from rlhf_train.core.sampling import (
-    SamplingParams,
-    inverse_cdf_sample,
-    process_logits,
-    sample_vocab_major,
-)
+from rlhf_train.core.sampling import SamplingParams, sample_filtered, sample_vocab_major
 from rlhf_train.generation.base import Generation, finish, pad_steps
 from rlhf_train.generation.hf_generate import HFGenerateBackend
 from rlhf_train.models.scoring import lm_trunk_and_head, vocab_major_logits
@@ -59,14 +54,13 @@ def _cache_of(out):
 
 
 def pick_next(logits_t: torch.Tensor, sampling: SamplingParams, do_sample: bool):
-    """Next tokens ``[B]`` (and their log-probs ``[B]`` under the sampling distribution, or None when greedy)
-    from vocabulary-major logits ``[V, B]`` (overwritten)."""
+    """Next tokens ``[B]`` (and their log-probs ``[B]`` under the temperature alone, or None when greedy)
+    from vocabulary-major logits ``[V, B]`` (overwritten). top-k / top-p pick which tokens can be drawn
+    (transformers' warpers); the log-prob is the update's, never the filter's (:func:`sample_filtered`)."""
     if not do_sample:
         return logits_t.argmax(0), None
-    if sampling.top_k or sampling.top_p < 1.0:  # filtered distributions: transformers' warpers, [B, V]
-        probs = torch.softmax(process_logits(logits_t.T, sampling.temperature, sampling.top_k, sampling.top_p), -1)
-        tokens = inverse_cdf_sample(probs)
-        return tokens, probs.gather(-1, tokens[:, None]).squeeze(-1).log()
+    if sampling.top_k or sampling.top_p < 1.0:  # filtered distributions, [B, V]
+        return sample_filtered(logits_t.T, sampling)
     return sample_vocab_major(logits_t.float() if logits_t.dtype != torch.float32 else logits_t, sampling.temperature)
 
 
@@ -82,7 +76,7 @@ def sample_with_cache(lm: nn.Module, prompt: torch.Tensor, prompt_mask: torch.Te
 
     Returns ``(response [B, T'], log_probs [B, T'] or None, hidden [B, T', H] or None)`` with ``T' ≤
     max_new_tokens`` (fewer when every row ended early): the tokens (``pad_token_id`` after a row's
-    first EOS, as ``generate`` pads them), their log-probs under the sampling distribution (``None`` when
+    first EOS, as ``generate`` pads them), their log-probs under the temperature alone (``None`` when
     greedy), and, with ``keep_hidden``, the trunk's last hidden state that predicted each token (what
     the value head reads). Randomness: one uniform per row and step from torch's global generator.
     """

@@ -2,10 +2,10 @@
 :mod:`rlhf_train.generation.decode_loop` also falls back to it for a ``generation_config`` and for models its
 loop cannot drive).
 
-The policy's log-probs under the sampling distribution and the hidden states the value head reads come
-with the tokens, so the rollout needs no second policy pass over prompt + response (they agree with that
-pass to float32 rounding, ~1e-6): :class:`InverseCDFSampler` draws each token inside ``generate`` and
-records its log-prob; a forward hook on the trunk keeps the hidden states.
+The policy's log-probs (under the sampling temperature alone, as the update scores) and the hidden states
+the value head reads come with the tokens, so the rollout needs no second policy pass over prompt +
+response (they agree with that pass to float32 rounding, ~1e-6): :class:`InverseCDFSampler` draws each
+token inside ``generate`` and records its log-prob; a forward hook on the trunk keeps the hidden states.
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from typing import Callable
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList
 
-from rlhf_train.core.sampling import SamplingParams, inverse_cdf_sample, process_logits
+from rlhf_train.core.sampling import SamplingParams, inverse_cdf_sample, process_logits, sample_filtered
 from rlhf_train.generation.base import Generation, finish, pad_steps
 from rlhf_train.models.scoring import lm_trunk_and_head
 
@@ -23,7 +23,8 @@ from rlhf_train.models.scoring import lm_trunk_and_head
 class InverseCDFSampler(LogitsProcessor):
     """Draws each next token inside ``generate`` from ``process_logits(scores)`` (temperature, top-k,
     top-p: transformers' warpers) and marks it with score +inf, so ``generate``'s greedy step
-    (``do_sample=False``) returns it.
+    (``do_sample=False``) returns it. It records the token's log-prob under the temperature alone
+    (:func:`~rlhf_train.core.sampling.sample_filtered`), the one the update computes.
 
     Why not ``generate(do_sample=True)``: its step is ``torch.multinomial(softmax(scores), 1)``, which on
     CPU draws one exponential variate per vocabulary entry (32 x 50257 per step): 38 ms of CPU per step
@@ -39,9 +40,14 @@ class InverseCDFSampler(LogitsProcessor):
         self.log_probs: list[torch.Tensor] = []  # per step: log π(sampled token) [B], nearly free here
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        probs = torch.softmax(process_logits(scores, self.temperature, self.top_k, self.top_p), -1)  # [B, V]
-        tokens = inverse_cdf_sample(probs)[:, None]
-        self.log_probs.append(probs.gather(-1, tokens).squeeze(-1).log())
+        if self.top_k or self.top_p < 1.0:  # drawn from the filtered distribution, log-prob under the temperature
+            tokens, log_probs = sample_filtered(scores, SamplingParams(self.temperature, self.top_k, self.top_p))
+            tokens = tokens[:, None]
+        else:
+            probs = torch.softmax(process_logits(scores, self.temperature), -1)  # [B, V]
+            tokens = inverse_cdf_sample(probs)[:, None]
+            log_probs = probs.gather(-1, tokens).squeeze(-1).log()
+        self.log_probs.append(log_probs)
         return scores.scatter_(-1, tokens, float("inf"))
 
 

@@ -51,7 +51,7 @@ class Decisions:
 
     algorithm: Algorithm
     update: UpdateConfig
-    sampling: SamplingParams       # the rollout's sampling distribution (the loss scores under it too)
+    sampling: SamplingParams       # the rollout's sampling distribution (log-probs: its temperature alone)
     group_size: int                # rollout.num_samples: completions per prompt, adjacent rows
     precision: str | None          # trainer.precision: fp32 | bf16 | fp16 (None: what `accelerate launch` was given)
 

@@ -130,8 +130,8 @@ def default_actor_name(source: str) -> str:
 
 def _reference_sampling(rollout_cfg: DictConfig) -> tuple[float, int, float]:
     """``(temperature, top_k, top_p)`` the reference scores under: the sampling temperature alone
-    (:meth:`SamplingParams.for_reference`, as in the in-process reference pass)."""
-    s = SamplingParams(float(rollout_cfg.temperature), int(rollout_cfg.top_k), float(rollout_cfg.top_p)).for_reference()
+    (:meth:`SamplingParams.for_scoring`, as in the in-process reference pass)."""
+    s = SamplingParams(float(rollout_cfg.temperature), int(rollout_cfg.top_k), float(rollout_cfg.top_p)).for_scoring()
     return s.temperature, s.top_k, s.top_p
 
 

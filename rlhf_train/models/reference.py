@@ -12,7 +12,7 @@ kind                what runs
 ==================  ===========================================================================
 
 :meth:`Reference.log_probs` scores the response tokens of prompt + response in one batched forward pass
-under the sampling **temperature only** (``SamplingParams.for_reference``): a top-k / top-p filter of the
+under the sampling **temperature only** (``SamplingParams.for_scoring``): a top-k / top-p filter of the
 reference's own would give a sampled token outside it log π_ref = −inf (with ``update.packing``: in packed
 micro-batches of at most ``update.token_budget`` tokens). Under mixed precision the local
 kinds run in the policy's autocast (the first iteration's KL is then exactly 0). A new kind (e.g. a
@@ -60,7 +60,7 @@ def _local_fn(lm: nn.Module, sampling: SamplingParams, batch_size: int | None,
               context: Callable[[], contextlib.AbstractContextManager], token_budget: int | None = None) -> LogProbFn:
     """One pass of ``lm`` over ``full`` in chunks of ``batch_size`` rows (bounds the ``[b, T, V]`` memory);
     with ``token_budget`` (``update.packing``) in packed micro-batches of at most that many tokens instead."""
-    s = sampling.for_reference()
+    s = sampling.for_scoring()
 
     @torch.no_grad()
     def ref_log_probs(full: torch.Tensor, full_mask: torch.Tensor, prompt_len: int) -> torch.Tensor:

@@ -22,8 +22,9 @@ is the adapter :class:`rlhf_train.compat.torchrl.RolloutFromModel` over this cla
 
 Conventions (see ``anchors.md``): EOS and pad ids come from the tokenizer / model config; tokens are stored
 once per sequence (``Tokens.full [B, P+T]`` + ``Masks.response [B, T]``); ``sample_log_prob`` is the
-log-prob under the distribution the token was sampled from (temperature, top-k, top-p), so the first PPO
-ratio is 1; the EOS token is an action like any other (a log-prob, a KL term and the reward). With
+log-prob under the sampling temperature alone (top-k / top-p only pick which tokens can be drawn), the
+distribution the update scores under, so the first PPO ratio is 1; the EOS token is an action like any
+other (a log-prob, a KL term and the reward). With
 ``autocast`` (``trainer.precision`` bf16 / fp16) every pass of a call runs under it: generation, the policy's
 pass, the reference and the reward models.
 """
@@ -95,7 +96,7 @@ class RolloutFromModel:
         shaping: the shaping stack, ``{name: Shaping}`` in order (:func:`~rlhf_train.rewards.shaping.build_shaping`).
         eos_token_ids, pad_token_id: responses end at the first of any EOS id; padding id.
         max_new_tokens: response length ``T``.
-        sampling: the sampling distribution; the policy's log-probs are taken under it.
+        sampling: the sampling distribution; log-probs are taken under its temperature alone (the update's).
         num_samples: responses per prompt (GRPO / RLOO groups), adjacent rows.
         logprob_batch_size: rows per scoring forward pass (bounds the ``[b, T, V]`` memory).
         token_budget: ``update.token_budget`` with ``update.packing`` (else None): the policy's scoring pass
@@ -165,11 +166,11 @@ class RolloutFromModel:
             c = slice(i, i + step)
             if hasattr(base, "value_head"):  # the same computation as the loss's (first ratio = 1)
                 lp, _, v = base(full[c], full_mask[c], prompt_len, labels=response[c], temperature=s.temperature,
-                                top_k=s.top_k, top_p=s.top_p, with_entropy=False)
+                                with_entropy=False)
                 if v is not None:
                     values.append(v.float())
             else:
-                lp = sequence_logprobs(base, full[c], full_mask[c], prompt_len, s.temperature, s.top_k, s.top_p)
+                lp = sequence_logprobs(base, full[c], full_mask[c], prompt_len, s.temperature)
             log_probs.append(lp)
         return torch.cat(log_probs), (torch.cat(values) if values else None)
 
@@ -180,7 +181,7 @@ class RolloutFromModel:
         values = torch.zeros(B, T, device=full.device) if base.value_head is not None else None
         for rows in token_budget_chunks(full_mask, self.token_budget):
             lp, _, v = base(full[rows], full_mask[rows], prompt_len, labels=full[rows, prompt_len:],
-                            temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, with_entropy=False, packed=True)
+                            temperature=s.temperature, with_entropy=False, packed=True)
             log_probs[rows] = lp.float()
             if values is not None:
                 values[rows] = v.float()

@@ -26,7 +26,8 @@
 
 2. ``process_logits`` (the sampling distribution) equals transformers' Temperature/TopK/TopP warpers.
 3. The first PPO ratio is exactly 1 (temperature 0.7, and with top-k 5 / top-p 0.9), through
-   ``rlhf_train.algorithms.ppo.PPO.loss`` on the first minibatch of a rollout.
+   ``rlhf_train.algorithms.ppo.PPO.loss`` on the first minibatch of a rollout; the log-probs are those of
+   the temperature alone (top-k / top-p pick the tokens, never the log-probs: TRL's and verl's rule).
 4. The rollout's ``kl_coef`` is always the KL controller's coefficient, across ``step_scheduler`` calls;
    the adaptive update gets the per-sequence KLs (mean over sequences, ``n_steps`` = sequences).
 
@@ -224,7 +225,7 @@ def test_first_ppo_ratio_is_exactly_one(temperature, top_k, top_p):
     full, full_mask, m = mb["tokens", "full"], mb["masks", "full"], mb["masks", "response"]
     with torch.no_grad():
         logits, _ = policy(full, full_mask, full.shape[1] - m.shape[1])
-    lp = logprobs_of_labels(process_logits(logits, temperature, top_k, top_p), mb["action"])
+    lp = logprobs_of_labels(process_logits(logits, temperature), mb["action"])  # the temperature alone
     assert ((lp - mb["sample_log_prob"]).abs() * m).max() < 1e-5
 
 

@@ -4,7 +4,8 @@
    left-padded prompts (same positions, mask and cache conventions), and the hidden states the value
    head reads equal those ``generate``'s steps produce.
 2. Sampled tokens' log-probs equal one scoring pass over prompt + response (what the update computes:
-   the first PPO ratio is 1), with temperature and with top-k.
+   the first PPO ratio is 1), with temperature and with top-k: under the temperature alone, the tokens
+   drawn from the top-k set.
 3. ``sample_vocab_major`` draws from ``softmax(logits / τ)`` (chi-square over a vocabulary of several
    blocks and a tail), never draws a token of zero probability, and returns its draws' log-probs.
 4. ``generation=hf_generate`` (and a ``generation_config``) go through ``generate``; ``generation=decode_loop``,
@@ -71,9 +72,12 @@ def test_sampled_log_probs_equal_one_scoring_pass(arch, sampling):
     assert response.shape == log_probs.shape == (3, 10)
     full = torch.cat([prompt, response], 1)
     full_mask = torch.cat([mask, torch.ones_like(response, dtype=torch.bool)], 1)
-    scored = sequence_logprobs(lm, full, full_mask, prompt.shape[1], sampling.temperature, sampling.top_k,
-                               sampling.top_p)
+    # the update scores under the temperature alone (top-k only picks the tokens that can be drawn)
+    scored = sequence_logprobs(lm, full, full_mask, prompt.shape[1], sampling.temperature)
     torch.testing.assert_close(log_probs, scored, atol=2e-5, rtol=0)
+    if sampling.top_k:  # every drawn token is inside the top-k set, and the log-probs are not the filter's
+        filtered = sequence_logprobs(lm, full, full_mask, prompt.shape[1], sampling.temperature, sampling.top_k)
+        assert torch.isfinite(filtered).all() and (filtered > log_probs + 1e-3).all()
 
 
 def test_vocab_major_sampler_distribution_and_log_probs():

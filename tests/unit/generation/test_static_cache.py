@@ -4,7 +4,7 @@
    prompts of different lengths, two EOS ids, one and several samples per prompt), and so do the values
    the value head reads; a second call reuses the cache (reset) and still agrees, for another prompt length.
 2. A sampled run (temperature, top-k, top-p): ``[B, T]`` tokens, padding after the first EOS, log-probs
-   equal to one scoring pass of the policy (what the update computes).
+   equal to one scoring pass of the policy under the temperature alone (what the update computes).
 3. ``generation_config`` calls and models ``transformers`` does not mark compilable go to the decode loop;
    ``generation.cache_multiple`` / ``check_every`` below 1 stop the run at start in one line.
 4. ``generation=auto`` builds the decode loop on CPU and the static-cache backend on CUDA (the device
@@ -109,8 +109,7 @@ def test_sampled_tokens_and_log_probs(arch, sampling):
     assert (gen.response[(ended - torch.isin(gen.response, torch.tensor(EOS)).int()) > 0] == PAD).all()
     full = torch.cat([prompt.repeat_interleave(2, 0), gen.response], 1)
     full_mask = torch.cat([mask.repeat_interleave(2, 0), ended - torch.isin(gen.response, torch.tensor(EOS)).int() == 0], 1)
-    scored = sequence_logprobs(lm, full, full_mask, prompt.shape[1], sampling.temperature, sampling.top_k,
-                               sampling.top_p)
+    scored = sequence_logprobs(lm, full, full_mask, prompt.shape[1], sampling.temperature)  # the temperature alone
     live = full_mask[:, prompt.shape[1]:]
     torch.testing.assert_close(gen.log_probs[live], scored[live], atol=2e-5, rtol=0)
 
