@@ -38,7 +38,8 @@ def finite_rows(rollout: Rollout) -> torch.Tensor:
 
 
 class AdvantageEstimator(Protocol):
-    """``rollout -> (advantages [B, T], returns [B, T] or None)``, 0 outside ``rollout.masks.response``.
+    """``rollout -> (advantages [B, T], returns [B, T] or None)``, 0 outside ``rollout.masks.actions`` (the
+    sampled tokens: the response, or a multi-turn episode's assistant tokens).
 
     ``returns`` are the critic's targets (``None`` without a critic). An estimator that normalises may
     set ``rollout.advantage_raw`` (before normalisation; logged as ``val/advantage_mean_raw``). Batch statistics (whitening, group
@@ -98,6 +99,6 @@ def is_correction_weights(mb: Rollout, cfg: ISCorrectionConfig) -> tuple[torch.T
                            "there is nothing to correct against; use a backend that records them "
                            "(generation=decode_loop) or set algorithm.is_correction.level=null")
     low, high = cfg.threshold
-    w, frac = importance_weights(mb.sample_log_prob, mb.sampler_log_prob, mb.masks.response, cfg.level, cfg.mode,
+    w, frac = importance_weights(mb.sample_log_prob, mb.sampler_log_prob, mb.masks.actions, cfg.level, cfg.mode,
                                  float(low), float(high))
     return w, {"objective/is_filtered_frac": frac}

@@ -34,11 +34,12 @@ from rlhf_train.core.containers import Rollout
 from rlhf_train.core.kl import kl_estimate
 from rlhf_train.core.losses import aggregate_loss, clipped_surrogate, loss_units
 from rlhf_train.core.masked import global_masked_whiten, masked_mean, masked_sum
+from rlhf_train.core.turns import over_actions
 
 
 def sequence_rewards(rollout: Rollout) -> torch.Tensor:
-    """``[B]``: Σ_t reward over the response (score + KL penalty, when the KL is in the reward)."""
-    return masked_sum(rollout.reward, rollout.masks.response, dim=-1)
+    """``[B]``: Σ_t reward over the sampled tokens (score + KL penalty, when the KL is in the reward)."""
+    return masked_sum(rollout.reward, rollout.masks.actions, dim=-1)
 
 
 class GroupNormalized:
@@ -48,7 +49,7 @@ class GroupNormalized:
         self.group_size, self.scale = group_size, scale
 
     def __call__(self, rollout: Rollout, all_reduce_sum: AllReduceSum | None = None):
-        mask = rollout.masks.response
+        mask = rollout.masks.actions
         r = sequence_rewards(rollout)
         rollout.advantage_raw = group_mean_baseline(r, self.group_size)[:, None] * mask
         adv = group_normalized_advantage(r, self.group_size, self.scale, all_reduce_sum=all_reduce_sum)
@@ -62,7 +63,7 @@ class LeaveOneOut:
         self.group_size = group_size
 
     def __call__(self, rollout: Rollout, all_reduce_sum: AllReduceSum | None = None):
-        mask = rollout.masks.response
+        mask = rollout.masks.actions
         adv = leave_one_out_advantage(sequence_rewards(rollout), self.group_size)[:, None] * mask
         rollout.advantage_raw = adv
         return adv, None
@@ -77,13 +78,16 @@ class ReinforcePP:
         self.gamma, self.group_size = gamma, group_size
 
     def __call__(self, rollout: Rollout, all_reduce_sum: AllReduceSum | None = None):
-        mask = rollout.masks.response
+        mask = rollout.masks.actions
         reward = rollout.reward
         if self.group_size is not None:
             done_score = masked_sum(rollout.reward_raw, mask, dim=-1)  # the score each row was paid
             shift = done_score - group_mean_baseline(done_score, self.group_size)  # its group's mean
             reward = reward - shift[:, None] * rollout.done.to(reward.dtype)
-        returns = discounted_returns(reward, mask, self.gamma)
+        if rollout.masks.assistant is None:
+            returns = discounted_returns(reward, mask, self.gamma)
+        else:  # multi-turn: environment tokens between the turns are no timesteps (no discount step)
+            returns = over_actions(lambda r, m: (discounted_returns(r, m, self.gamma),), mask, reward)[0]
         rollout.advantage_raw = returns
         ok = finite_rows(rollout) & torch.isfinite(returns).all(-1)
         return global_masked_whiten(returns, mask & ok[:, None], all_reduce_sum), None
@@ -116,7 +120,7 @@ class PolicyGradient:
         return loss_units(mask, self.cfg.loss_agg)
 
     def loss(self, out: PolicyOutput, mb: Rollout) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        mask = mb.masks.response
+        mask = mb.masks.actions
 
         def agg(x: torch.Tensor) -> torch.Tensor:
             return aggregate_loss(x, mask, self.cfg.loss_agg, self.norm_length)

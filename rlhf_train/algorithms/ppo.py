@@ -14,18 +14,25 @@ from rlhf_train.core.advantages import gae
 from rlhf_train.core.containers import Rollout
 from rlhf_train.core.losses import policy_loss, value_loss
 from rlhf_train.core.masked import global_masked_whiten, masked_mean
+from rlhf_train.core.turns import over_actions
 
 
 class GAE:
     """Generalised advantage estimation (Schulman et al. 2016, eq. 16) over the per-token reward,
-    whitened over all processes' response tokens (rows that are not finite take no part)."""
+    whitened over all processes' response tokens (rows that are not finite take no part). In a multi-turn
+    episode it steps over the policy's sampled tokens only, values read at those positions
+    (:func:`rlhf_train.core.turns.over_actions`)."""
 
     def __init__(self, gamma: float = 1.0, lam: float = 0.95, whiten: bool = True):
         self.gamma, self.lam, self.whiten = gamma, lam, whiten
 
     def __call__(self, rollout: Rollout, all_reduce_sum: AllReduceSum | None = None):
-        mask = rollout.masks.response
-        advantages, returns = gae(rollout.reward, rollout.values, mask, self.gamma, self.lam)
+        mask = rollout.masks.actions
+        if rollout.masks.assistant is None:
+            advantages, returns = gae(rollout.reward, rollout.values, mask, self.gamma, self.lam)
+        else:  # environment tokens between the turns are no timesteps
+            advantages, returns = over_actions(lambda r, v, m: gae(r, v, m, self.gamma, self.lam), mask,
+                                               rollout.reward, rollout.values)
         rollout.advantage_raw = advantages  # logged as val/advantage_mean_raw
         if self.whiten:
             ok = finite_rows(rollout) & torch.isfinite(returns).all(-1)
@@ -57,7 +64,7 @@ class PPO:
         return mask.sum()
 
     def loss(self, out: PolicyOutput, mb: Rollout) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        mask = mb.masks.response
+        mask = mb.masks.actions
         weights, is_stats = is_correction_weights(mb, self.cfg.is_correction)
         pg_loss, pg_stats = policy_loss(out.log_probs, mb.sample_log_prob, mb.advantage, mask, self.clip_eps, weights)
         vf_loss, vf_stats = value_loss(out.values, mb.values, mb.returns, mask, self.cfg.clip_eps_value)

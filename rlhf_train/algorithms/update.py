@@ -61,7 +61,7 @@ def minibatch_update(policy, optimizer, lr_scheduler, accelerator, rollout: Roll
             idx = perm[start:start + mbs]
             # global unit (token / sequence) count of this minibatch: DDP averages over processes
             # (× num_processes undoes it) and accelerator.backward divides by the accumulation steps (× accum)
-            n_tokens = algorithm.loss_units(rollout.masks.response[idx]).float().to(accelerator.device)
+            n_tokens = algorithm.loss_units(rollout.masks.actions[idx]).float().to(accelerator.device)
             n_global = accelerator.reduce(n_tokens, "sum") if accelerator.num_processes > 1 else n_tokens
             token_scale = accelerator.num_processes * accum / n_global.clamp(min=1).item()
             mb_stats = []
@@ -75,9 +75,9 @@ def minibatch_update(policy, optimizer, lr_scheduler, accelerator, rollout: Roll
                                          packed=cfg.packing)
                     if epoch == 0 and start == 0 and mb.sampler_log_prob is not None:
                         mismatch.append(mismatch_kl_sums(mb.sampler_log_prob, out.log_probs.detach(),
-                                                         mb.masks.response))
+                                                         mb.masks.actions))
                     loss, stats = algorithm.loss(out, mb)
-                    loss = loss * algorithm.loss_units(mb.masks.response).clamp(min=1) * token_scale
+                    loss = loss * algorithm.loss_units(mb.masks.actions).clamp(min=1) * token_scale
                     finite = (torch.isfinite(loss) & finite_rows(mb).all()).float()
                     if accelerator.num_processes > 1:  # 1 only if finite everywhere (reduce has no "min")
                         finite = accelerator.reduce(finite, "mean")

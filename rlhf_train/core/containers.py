@@ -34,12 +34,22 @@ class Masks(TensorClass["nocast"]):
     """Boolean masks aligned with :class:`Tokens`.
 
     ``prompt [B, P]``: non-pad prompt tokens. ``response [B, T]``: response tokens up to and including
-    the first EOS (the actions PPO trains on). ``full [B, P+T]``: the attention mask of ``Tokens.full``.
+    the first EOS. ``full [B, P+T]``: the attention mask of ``Tokens.full``. ``assistant [B, T]``: in a
+    multi-turn episode (:mod:`rlhf_train.rollout.multi_turn`) the tokens the policy sampled, its assistant
+    turns with their EOS; ``response`` then covers the whole episode after the first prompt, environment and
+    tool tokens included (context, not actions). ``None`` in a single-turn rollout: every response token is
+    sampled. :attr:`actions` is the mask log-probs, KL, advantages and losses are taken over.
     """
 
     prompt: torch.Tensor | None = None
     response: torch.Tensor | None = None
     full: torch.Tensor | None = None
+    assistant: torch.Tensor | None = None
+
+    @property
+    def actions(self) -> torch.Tensor:
+        """``[B, T]``: the tokens the policy sampled, its actions: ``assistant``, or ``response`` when unset."""
+        return self.assistant if self.assistant is not None else self.response
 
 
 class LogProbs(TensorClass["nocast"]):
@@ -111,6 +121,7 @@ class Rollout(TensorClass["nocast", "shadow"]):
     ===================  ===========  ==================================  =======================================
     ``tokens``           Tokens [B]   ``tokens``                          prompt [B, P] / response [B, T] / full ids
     ``masks``            Masks [B]    ``masks``                           their masks; response: up to and incl. EOS
+                                                                          (``masks.actions``: the sampled tokens)
     ``sample_log_prob``  [B, T]       ``sample_log_prob``                 log π_old(a_t|s_t) at the sampling temperature
     ``sampler_log_prob`` [B, T]       (none)                              log μ(a_t|s_t) the sampler recorded (None: not)
     ``values``           [B, T]       ``values``                          V(s_t) of the critic (None: no critic)

@@ -45,11 +45,12 @@ def rollout_metrics(ro: Rollout, group_size: int = 1, accuracy: dict[str, float]
         std = seq.std(-1)
         out["reward/group_std"] = std.mean()
         out["reward/frac_zero_std_groups"] = (std <= 1e-6 * seq.abs().amax(-1).clamp(min=1)).float().mean()
+    actions = ro.masks.actions  # the sampled tokens (a multi-turn episode's assistant tokens)
     if ro.advantage_raw is not None:
-        out["val/advantage_mean_raw"] = masked_mean(ro.advantage_raw, mask)  # before whitening
+        out["val/advantage_mean_raw"] = masked_mean(ro.advantage_raw, actions)  # before whitening
     if ro.values is not None and ro.returns is not None:
-        out["val/value_mean"] = masked_mean(ro.values, mask)
-        out["val/return_mean"] = masked_mean(ro.returns, mask)
+        out["val/value_mean"] = masked_mean(ro.values, actions)
+        out["val/return_mean"] = masked_mean(ro.returns, actions)
     if ro.reward_sources is not None and len(ro.reward_sources.keys()) > 1:  # one source: objective/score is it
         for name in ro.reward_sources.keys():
             out[f"reward/{name}"] = ro.reward_sources[name].float().nanmean()

@@ -111,7 +111,7 @@ class KLDivergence:
 
     def __call__(self, ro: Rollout) -> Rollout:
         if ro.ref_log_prob is not None:
-            ro.kl, ro.kl_per_sequence = kl_terms(ro.sample_log_prob, ro.ref_log_prob, ro.masks.response,
+            ro.kl, ro.kl_per_sequence = kl_terms(ro.sample_log_prob, ro.ref_log_prob, ro.masks.actions,
                                                  self.estimator)
         return ro
 
@@ -142,7 +142,7 @@ class RewardWhitening:
 
     def __call__(self, ro: Rollout) -> Rollout:
         if self.enabled:
-            ro.reward = masked_whiten(ro.reward, ro.masks.response, self.shift_mean)
+            ro.reward = masked_whiten(ro.reward, ro.masks.actions, self.shift_mean)
         return ro
 
 
