@@ -3,7 +3,7 @@
 Layers, bottom to top (the first package under ``rlhf_train/``; the top-level ``__init__.py`` and
 ``__main__.py`` sit above everything)::
 
-    core < infra < models < data < generation = rewards < algorithms < rollout < tasks < loop
+    core < infra < models < data < generation = rewards = envs < algorithms < rollout < tasks < loop
          < pipeline < config < tools < __main__
 
 Every import is read with :mod:`ast` (module level and inside functions, ``import x`` and
@@ -28,6 +28,7 @@ LAYERS: dict[str, int] = {
     "data": 3,
     "generation": 4,
     "rewards": 4,
+    "envs": 4,  # environments of multi-turn episodes (their rewards are reward sources)
     "algorithms": 5,
     "rollout": 6,
     "tasks": 7,
