@@ -184,6 +184,15 @@ class StaticCacheGenerationSchema:  # conf/generation/static_cache.yaml -> gener
 
 
 @dataclass
+class EnvSchema:  # conf/env/*.yaml -> rlhf_train.envs.base.env_spec (the multi-turn rollout's environment)
+    _target_: Optional[str] = None  # None: no environment (one prompt, one completion)
+    max_turns: int = 4
+    max_tokens: int = 1024
+    weight: float = 1.0
+    kwargs: Dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
 class OptimizerSchema:
     _target_: str = "torch.optim.AdamW"
     lr: float = 1e-5
@@ -319,6 +328,7 @@ class Config:
     data: Any = MISSING
     rollout: Any = MISSING
     generation: Any = MISSING  # the generation backend (conf/generation/: _target_ of a GenerationBackend)
+    env: Any = MISSING  # the environment of multi-turn episodes (conf/env/; none: single-turn)
     update: Any = MISSING  # read it as cfg["update"] in Python: cfg.update is DictConfig's dict method
     algorithm: Any = MISSING
     ppo: Optional[Any] = None  # removed: its keys are update.* and algorithm.* (the check names each)
@@ -374,6 +384,7 @@ def register_configs() -> None:
     cs.store(group="data", name="prompts_schema", node=PromptsDataSchema)
     cs.store(group="rollout", name="rollout_schema", node=RolloutSchema)
     cs.store(group="generation", name="static_cache_schema", node=StaticCacheGenerationSchema)
+    cs.store(group="env", name="env_schema", node=EnvSchema)
     cs.store(group="update", name="update_schema", node=UpdateConfig)  # the typed section the update reads
     cs.store(group="algorithm", name="algorithm_schema", node=AlgorithmConfig)  # estimator, loss variant, KL place
     cs.store(group="optimizer", name="optimizer_schema", node=OptimizerSchema)

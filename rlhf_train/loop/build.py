@@ -33,6 +33,7 @@ from rlhf_train.loop import checks
 from rlhf_train.loop.components import (
     build_backend,
     build_dataset,
+    build_env,
     build_reference,
     build_reference_model,
     build_reward_model,
@@ -42,6 +43,7 @@ from rlhf_train.loop.components import (
 )
 from rlhf_train.loop.precision import ACCELERATE_NAMES, check_device_precision, decide_precision
 from rlhf_train.models.scoring import set_fp32_lm_head
+from rlhf_train.rollout.multi_turn import MultiTurnRollout
 from rlhf_train.rollout.rollout_from_model import RolloutFromModel, special_ids
 
 
@@ -178,12 +180,15 @@ def build_run(cfg: DictConfig, accelerator=None, run_dir: str | Path | None = No
                     or algorithm.corrects_mismatch)
     backend = build_backend(cfg, prepared, eos, pad, decisions.sampling, True, accelerator.unwrap_model)
     shaping = build_shaping_for(cfg, eos)
-    rollout = RolloutFromModel(prepared, backend, reference, sources, shaping, eos_token_ids=eos, pad_token_id=pad,
-                               max_new_tokens=cfg.rollout.max_new_tokens, sampling=decisions.sampling,
-                               num_samples=decisions.group_size, logprob_batch_size=cfg.rollout.logprob_batch_size,
-                               unwrap_fn=accelerator.unwrap_model,
-                               token_budget=decisions.update.token_budget if decisions.update.packing else None,
-                               trainer_pass=trainer_pass, autocast=autocast)
+    env, env_rewards = build_env(cfg, sources)  # env=<name>: episodes (MultiTurnRollout), their reward a source
+    episodes = {"env": env, "tokenizer": tokenizer, "env_rewards": env_rewards} if env is not None else {}
+    rollout_cls = MultiTurnRollout if env is not None else RolloutFromModel
+    rollout = rollout_cls(prepared, backend, reference, sources, shaping, eos_token_ids=eos, pad_token_id=pad,
+                          max_new_tokens=cfg.rollout.max_new_tokens, sampling=decisions.sampling,
+                          num_samples=decisions.group_size, logprob_batch_size=cfg.rollout.logprob_batch_size,
+                          unwrap_fn=accelerator.unwrap_model,
+                          token_budget=decisions.update.token_budget if decisions.update.packing else None,
+                          trainer_pass=trainer_pass, autocast=autocast, **episodes)
     multi = accelerator.num_processes > 1
     gather = (lambda t: accelerator.gather(t.to(accelerator.device)).cpu()) if multi else (lambda t: t)
     all_reduce_sum = (lambda t: accelerator.reduce(t.to(accelerator.device), "sum").to(t.device)) if multi else None

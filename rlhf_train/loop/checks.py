@@ -5,13 +5,13 @@ the fix, before any work starts (or, for what needs the built objects, before th
   ``rollout.hf_generate``, ``transforms.ref_logprob``) named with their new place; ``+``-added keys; names
   and ranges; the algorithm against ``rollout.num_samples``; model dirs that cannot load; the shaping stack
   dry-run on a stand-in rollout; LoRA with a Ray reference; the data (``rlhf_train/data/checks.py``: every
-  row of ``data=prompts``, read before any model is built); the held-out evaluation's samples and split;
+  row of ``data=prompts``, read before any model is built); the held-out evaluation's samples and split; ``env``;
 * :func:`check_models_set` (right before the models are built): a policy or reward model with neither
   weights nor an architecture;
 * :func:`check_built` (after the components are built): tokenizer / policy / reward-model vocabularies,
   prompts + responses within the policy's context, the batch against ``update.minibatch_size``, packing (the
   longest sequence within ``update.token_budget``, a policy that keeps packed sequences apart), the reward
-  model's output shapes, and every reward source on the first batch.
+  model's output shapes, every reward source on the first batch, ``env`` (``rlhf_train/envs/checks.py``).
 """
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from rlhf_train.envs.checks import check_env_built, check_env_config
 from rlhf_train.infra.errors import ConfigError
 from rlhf_train.loop.precision import check_is_correction, check_precision
 from rlhf_train.rewards.function_source import check_entries as check_reward_execution
@@ -41,6 +42,7 @@ def check_config(cfg: DictConfig) -> None:
     check_stack(cfg)
     check_data(cfg)
     check_evaluation(cfg)
+    check_env_config(cfg)  # env: its keys; no held-out evaluation of episodes yet
 
 
 def check_evaluation(cfg: DictConfig) -> None:
@@ -292,6 +294,7 @@ def check_built(cfg: DictConfig, tokenizer, policy, reward_model, sources: dict,
     if reward_model is not None:
         check_reward_model(reward_model, dataset)
     probe_sources(sources, dataset, cfg.data.batch_size)  # every source scores the first batch
+    check_env_built(cfg, tokenizer, policy, dataset)  # env: chat template, context, one environment built
 
 
 def _embeddings(model) -> int | None:

@@ -114,9 +114,25 @@ def build_sources(cfg: DictConfig, tokenizer, reward_model, device) -> dict:
     node = cfg.get("reward_model")
     entries = cfg.get("rewards")
     entries = OmegaConf.to_container(entries, resolve=True) if entries else {}
+    if reward_model is None and not entries and (cfg.get("env") or {}).get("_target_"):
+        return {}  # the environment's reward alone (build_env adds it)
     return build_reward_sources(reward_model, entries, tokenizer, tokenizer.pad_token_id,
                                 cfg.rollout.get("logprob_batch_size"),
                                 node.get("weight", 1.0) if node is not None else 1.0, device)
+
+
+def build_env(cfg: DictConfig, sources: dict):
+    """The ``env`` group: ``(EnvSpec, EpisodeRewards)``, the episodes' reward added to ``sources`` as ``env`` (by
+    ``env.weight``), or ``(None, None)`` without an environment."""
+    from rlhf_train.envs.base import EpisodeRewards, env_spec
+
+    env = env_spec(cfg.get("env"))
+    if env is None:
+        return None, None
+    if "env" in sources:
+        raise ConfigError("rewards.env: the name 'env' is the environment's reward (env.weight); choose another name")
+    sources["env"] = (rewards := EpisodeRewards(), env.weight)
+    return env, rewards
 
 
 def build_dataset(cfg: DictConfig, tokenizer):

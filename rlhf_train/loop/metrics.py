@@ -89,12 +89,16 @@ class ConstantSourceWatch:
                 for name, v in self.value.items() if v is not None]
 
 
-def sample_rows(ro: Rollout, tokenizer, n: int = 4) -> list[dict]:
-    """The first ``n`` rollouts decoded: prompt, response, raw score and total reward."""
+def sample_rows(ro: Rollout, tokenizer, n: int = 4, episodes: list | None = None) -> list[dict]:
+    """The first ``n`` rollouts decoded: prompt, response, raw score and total reward; with ``episodes`` (a multi-turn
+    rollout's, :mod:`rlhf_train.rollout.multi_turn`) also ``episode``: the whole conversation, each message with its role."""
+    from rlhf_train.rollout.multi_turn import episode_text
+
     rows = []
     for i in range(min(n, ro.batch_size[0])):
         prompt = ro.tokens.prompt[i][ro.masks.prompt[i]]
         response = ro.tokens.response[i][ro.masks.response[i]]
         rows.append({"prompt": tokenizer.decode(prompt), "response": tokenizer.decode(response),
-                     "score": float(ro.score_raw[i]), "reward": float(ro.reward[i].sum())})
+                     "score": float(ro.score_raw[i]), "reward": float(ro.reward[i].sum()),
+                     **({"episode": episode_text(episodes[i])} if episodes else {})})
     return rows

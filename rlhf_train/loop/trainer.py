@@ -110,6 +110,7 @@ def step(run: Run, state: TrainState, batch) -> tuple[dict, Rollout] | None:
     report = getattr(run.rollout, "reward_report", None)  # the reward sources' time, rows left unscored
     metrics.update({"faults/reward_timeouts": state.faults.reward_timeouts,
                     "time/reward_s": report.seconds if report is not None else 0.0})
+    metrics.update(getattr(run.rollout, "env_metrics", {}))  # env=<name>: env/... (rollout/multi_turn.py)
     return reduce_metrics(metrics, accelerator), ro
 
 
@@ -197,7 +198,8 @@ def _loop(run: Run, run_dir: Path, resume_path, config_yaml: str) -> dict:
                         log.warning("[rlhf_train] %s", line)
                 if held_out is not None and held_out.due(iteration):  # its own RNG: training unchanged
                     metrics = {**metrics, **held_out.run_at(iteration)}
-                samples = sample_rows(ro, run.tokenizer) if iteration % t.samples_every == 0 else None
+                samples = (sample_rows(ro, run.tokenizer, episodes=getattr(run.rollout, "episodes", None))
+                           if iteration % t.samples_every == 0 else None)
                 if accelerator.is_main_process:
                     logger.log(metrics, iteration)
                     if samples:

@@ -190,30 +190,37 @@ class RolloutFromModel:
     @torch.no_grad()
     def score(self, batch, full: torch.Tensor, prompt_mask: torch.Tensor, log_probs: torch.Tensor | None = None,
               values: torch.Tensor | None = None, ref_log_probs: torch.Tensor | None = None, *,
-              kl_coef: float = 0.0, shape: bool = True) -> Rollout:
+              kl_coef: float = 0.0, shape: bool = True, response_mask: torch.Tensor | None = None,
+              assistant_mask: torch.Tensor | None = None, ended: torch.Tensor | None = None) -> Rollout:
         """Score generated sequences ``full [B, P+T]`` (left-padded prompt + response; ``prompt_mask [B, P]``).
 
         ``log_probs`` / ``values [B, T]``: from generation (kept as ``sampler_log_prob``; with
         ``trainer_pass`` the policy's pass still gives π_old), or ``None`` for one policy pass here;
         ``ref_log_probs [B, T]``: given, or ``None`` for the reference pass; ``shape=False`` leaves the
-        shaping stack to the caller (the torchrl adapter runs a torchrl ``Compose`` instead)."""
-        T = self.max_new_tokens
+        shaping stack to the caller (the torchrl adapter runs a torchrl ``Compose`` instead). A multi-turn episode
+        (:mod:`rlhf_train.rollout.multi_turn`) gives its masks: ``response_mask [B, T]`` (every token after the
+        first prompt), ``assistant_mask [B, T]`` (the sampled ones: log-probs, values and the reference's are kept
+        there only, and π_old and the values come from the policy's one pass over the episode) and ``ended [B]``
+        (the episode ended by itself, not by a limit)."""
+        T = self.max_new_tokens if response_mask is None else response_mask.shape[1]
         prompt_len = full.shape[1] - T
         prompt, response = full[:, :prompt_len], full[:, prompt_len:]
-        response_mask = response_mask_from_tokens(response, self.eos_token_ids)
+        if response_mask is None:
+            response_mask = response_mask_from_tokens(response, self.eos_token_ids)
+        actions = response_mask if assistant_mask is None else assistant_mask
         full_mask = torch.cat([prompt_mask, response_mask], dim=1)
         B, device = full.shape[0], full.device
-        sampler = log_probs.reshape(B, T).float().masked_fill(~response_mask, 0.0) if log_probs is not None else None
-        if log_probs is None or self.trainer_pass:
+        sampler = log_probs.reshape(B, T).float().masked_fill(~actions, 0.0) if log_probs is not None else None
+        if log_probs is None or self.trainer_pass or assistant_mask is not None:
             log_probs, values = self.policy_log_probs_and_values(full, full_mask, prompt_len)
         elif values is None and self.has_critic:
             values = torch.zeros(B, T, device=device)
-        log_probs = log_probs.reshape(B, T).float().masked_fill(~response_mask, 0.0)
+        log_probs = log_probs.reshape(B, T).float().masked_fill(~actions, 0.0)
 
         # done at the first EOS, or at the last position when the response was cut at T (truncated)
         lengths = response_mask.sum(-1)
         done = torch.zeros(B, T, dtype=torch.bool, device=device).scatter_(-1, (lengths - 1).clamp(min=0)[:, None], True)
-        has_eos = (is_eos(response, self.eos_token_ids) & response_mask).any(-1)
+        has_eos = (is_eos(response, self.eos_token_ids) & response_mask).any(-1) if ended is None else ended
 
         columns = self.columns(batch, B)  # the dataset's other columns (e.g. answer), one value per row
         # Python reward functions score in their workers / threads; meanwhile the reference pass runs here
@@ -233,10 +240,11 @@ class RolloutFromModel:
 
         ro = Rollout(
             tokens=Tokens(prompt=prompt, response=response, full=full, batch_size=[B]),
-            masks=Masks(prompt=prompt_mask, response=response_mask, full=full_mask, batch_size=[B]),
+            masks=Masks(prompt=prompt_mask, response=response_mask, full=full_mask, assistant=assistant_mask,
+                        batch_size=[B]),
             sample_log_prob=log_probs, sampler_log_prob=sampler,
-            values=values.masked_fill(~response_mask, 0.0) if values is not None and self.has_critic else None,
-            ref_log_prob=(ref_log_probs.to(device).reshape(B, T).float().masked_fill(~response_mask, 0.0)
+            values=values.masked_fill(~actions, 0.0) if values is not None and self.has_critic else None,
+            ref_log_prob=(ref_log_probs.to(device).reshape(B, T).float().masked_fill(~actions, 0.0)
                           if ref_log_probs is not None else None),
             # no reference: no KL (0); with one, the shaping stack's `kl` entry writes it (dropping that entry
             # leaves the reward entry without its input: an error at start, not a silent KL-free run)
