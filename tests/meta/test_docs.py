@@ -42,7 +42,7 @@ PAGES = [README, *DOCS]  # the README and the docs pages
 README_MAX_BYTES = 15_360
 HISTORY_MARKERS = [r"\bissue \d+", r"\bsession \d", r"this session"]
 
-METRIC_NAME = re.compile(r"^(objective|policy|loss|val|response|completions|faults|time|reward|eval|sft|rm)/[\w<>*@]+"
+METRIC_NAME = re.compile(r"^(objective|policy|loss|val|response|completions|faults|time|reward|eval|env|sft|rm)/[\w<>*@]+"
                          r"(/[\w<>*@]+)*$|^lr$")
 
 
@@ -101,7 +101,7 @@ def test_glossary_names_exactly_the_logged_metrics(tmp_path):
             with open(tmp_path / run / name, newline="") as f:
                 logged |= set(next(csv.reader(f))) - {"iteration"}
     glossary, _ = metrics_tables()
-    concrete = {n for n in glossary if "<" not in n}
+    concrete = {n for n in glossary if "<" not in n and not n.startswith("env/")}  # env/...: below
     evaluated = {n for n in logged if n.startswith("eval/")}  # named by template rows (`eval/<mode>/...`)
     logged -= evaluated
     assert logged == concrete, (f"logged but not in the glossary (docs/metrics.md): {sorted(logged - concrete)}; "
@@ -138,6 +138,15 @@ def test_glossary_templates_match_rollout_metrics():
     # reward/<name>/accuracy: for the sources given a threshold (every one but the reward models), even alone
     fn = set(rollout_metrics(rollout({"answer": torch.ones(B)}), accuracy={"answer": 1.0}))
     assert fn - one == {"reward/answer/accuracy"}
+
+
+def test_glossary_env_rows_are_the_episode_metrics():
+    """``env/...``: logged with an environment only (tests/unit/loop/test_env_run.py trains with one): the rows are
+    exactly what the multi-turn rollout logs."""
+    from rlhf_train.rollout.multi_turn import episode_metrics
+
+    glossary, _ = metrics_tables()
+    assert {n for n in glossary if n.startswith("env/")} == set(episode_metrics([]))
 
 
 EVAL_TEMPLATES = {"eval/<mode>/<name>/mean", "eval/<mode>/<name>/accuracy", "eval/sampled/<name>/pass@<k>",
