@@ -56,6 +56,11 @@ def gae(rewards: Tensor, values: Tensor, mask: Tensor, gamma: float, lam: float)
 # prompt are adjacent rows (row ``i * group_size + j`` is sample ``j`` of prompt ``i``), so a group is a
 # row of ``scores.view(-1, group_size)``. A group stays on one process, so group statistics need no
 # communication; only ``scale="batch"`` (and the REINFORCE++ whitening) reduce over processes.
+#
+# ``scored [B]`` (bool, None = every row): False for a row that no reward source scored (every source
+# returned None). Such a row takes no part in any statistic (its group's mean / std, the batch std) and
+# gets advantage 0, as TRL does (>= 1.6, huggingface/trl#5902: GRPO and RLOO); counting it as a reward of
+# 0 would move its siblings' baseline and give it an advantage it has no signal for.
 # ---------------------------------------------------------------------------------------------------
 SCALE_REWARDS = ("group", "batch", "none")
 
@@ -66,8 +71,21 @@ def _groups(scores: Tensor, group_size: int) -> Tensor:
     return scores.view(-1, group_size)
 
 
+def _scored(scored: Tensor | None, g: Tensor) -> Tensor:
+    """``scored [B]`` as ``[G, k]`` bool (all True when None)."""
+    return torch.ones_like(g, dtype=torch.bool) if scored is None else scored.to(torch.bool).view_as(g)
+
+
+def _group_centred(g: Tensor, w: Tensor) -> tuple[Tensor, Tensor]:
+    """``(r − mean over the scored rows of the group, 0 at unscored rows) [G, k]`` and the scored count ``[G, 1]``."""
+    n = w.sum(-1, keepdim=True)
+    mean = torch.where(w, g, torch.zeros((), dtype=g.dtype, device=g.device)).sum(-1, keepdim=True) / n.clamp(min=1)
+    return torch.where(w, g - mean, torch.zeros((), dtype=g.dtype, device=g.device)), n
+
+
 def group_normalized_advantage(scores: Tensor, group_size: int, scale: str = "group", eps: float = 1e-6,
-                               all_reduce_sum: Callable[[Tensor], Tensor] | None = None) -> Tensor:
+                               all_reduce_sum: Callable[[Tensor], Tensor] | None = None,
+                               scored: Tensor | None = None) -> Tensor:
     """GRPO's outcome advantage, one value per sequence. ``scores [B]`` -> ``[B]``.
 
     Shao et al. 2024, "DeepSeekMath" §4.1.2 (outcome supervision): ``Â_i = (r_i − mean(r)) / std(r)`` over
@@ -77,21 +95,35 @@ def group_normalized_advantage(scores: Tensor, group_size: int, scale: str = "gr
         batch: (r_i − mean_g) / (std_B + eps)      std_B the unbiased std of all processes' scores
         none:  (r_i − mean_g)                      Dr. GRPO (Liu et al. 2025, §3.1: no std normalisation)
 
-    A group whose rewards are all equal gets 0 for every sample (no signal), never NaN. A non-finite score
-    makes its own group's advantages non-finite (the update skips those rows) and is left out of std_B.
-    ``all_reduce_sum`` (``scale="batch"`` only) sums a tensor over processes (``None``: one process).
+    ``eps`` (``algorithm.scale_eps``): 1e-6 as verl's ``compute_grpo_outcome_advantage``; TRL's GRPOTrainer
+    adds 1e-4. A group whose rewards are all equal gets 0 for every sample (no signal), never NaN. A
+    non-finite score makes its own group's advantages non-finite (the update skips those rows) and is left
+    out of std_B. ``scored [B]``: rows no source scored are left out of mean, std and std_B and get 0
+    (the section comment above). ``all_reduce_sum`` (``scale="batch"`` only) sums a tensor over processes
+    (``None``: one process).
     """
     g = _groups(scores, group_size)
-    centred = (g - g.mean(-1, keepdim=True)).reshape(-1)
+    if scored is None:
+        centred_g = g - g.mean(-1, keepdim=True)
+        n = torch.full_like(g[:, :1], group_size)
+    else:
+        centred_g, n = _group_centred(g, _scored(scored, g))
+    centred = centred_g.reshape(-1)
     if scale == "none":
         return centred
     if scale == "group":
-        std = g.std(-1, keepdim=True) if group_size > 1 else torch.zeros_like(g)
-        return (centred.view_as(g) / (std + eps)).reshape(-1)
+        if scored is None:
+            std = g.std(-1, keepdim=True) if group_size > 1 else torch.zeros_like(g)
+        else:  # unbiased std over the scored rows (fewer than two: their centred value is 0 already)
+            std = ((centred_g * centred_g).sum(-1, keepdim=True) / (n - 1).clamp(min=1)).sqrt()
+        out = centred_g / (std + eps)
+        return (out if scored is None else torch.where(_scored(scored, g), out, 0.0)).reshape(-1)
     if scale == "batch":
         reduce = all_reduce_sum if all_reduce_sum is not None else (lambda t: t)
         acc = torch.float64 if scores.device.type != "mps" else torch.float32
         ok = torch.isfinite(scores)  # a faulty (NaN / inf) score spoils its own group only, not the batch std
+        if scored is not None:
+            ok = ok & scored.to(torch.bool)
         s = torch.where(ok, scores.to(acc), torch.zeros((), dtype=acc, device=scores.device))
         first = reduce(torch.stack([s.sum(), ok.sum().to(acc)]))
         mean, n = first[0] / first[1].clamp(min=1), first[1]
@@ -101,7 +133,7 @@ def group_normalized_advantage(scores: Tensor, group_size: int, scale: str = "gr
     raise ValueError(f"unknown scale {scale!r}; expected one of {', '.join(SCALE_REWARDS)}")
 
 
-def leave_one_out_advantage(scores: Tensor, group_size: int) -> Tensor:
+def leave_one_out_advantage(scores: Tensor, group_size: int, scored: Tensor | None = None) -> Tensor:
     """RLOO's advantage, one value per sequence. ``scores [B]`` -> ``[B]``.
 
     Ahmadian et al. 2024, "Back to Basics: Revisiting REINFORCE Style Optimization for Learning from
@@ -110,20 +142,46 @@ def leave_one_out_advantage(scores: Tensor, group_size: int) -> Tensor:
 
         A_i = r_i − 1/(k−1) Σ_{j≠i} r_j  =  k/(k−1) · (r_i − mean_g(r))
 
-    so it is unbiased (the baseline does not depend on sample i). Needs ``group_size >= 2``.
+    so it is unbiased (the baseline does not depend on sample i). Needs ``group_size >= 2``. ``scored
+    [B]``: k and the sum run over the group's scored rows; an unscored row, and every row of a group with
+    fewer than two scored ones, gets 0 (as TRL's RLOOTrainer).
     """
     if group_size < 2:
         raise ValueError(f"leave-one-out needs group_size >= 2, got {group_size}")
     g = _groups(scores, group_size)
-    others = (g.sum(-1, keepdim=True) - g) / (group_size - 1)
-    return (g - others).reshape(-1)
+    if scored is None:
+        others = (g.sum(-1, keepdim=True) - g) / (group_size - 1)
+        return (g - others).reshape(-1)
+    w = _scored(scored, g)
+    n = w.sum(-1, keepdim=True)
+    total = torch.where(w, g, torch.zeros((), dtype=g.dtype, device=g.device)).sum(-1, keepdim=True)
+    others = (total - g) / (n - 1).clamp(min=1)
+    return torch.where(w & (n >= 2), g - others, torch.zeros((), dtype=g.dtype, device=g.device)).reshape(-1)
 
 
-def group_mean_baseline(scores: Tensor, group_size: int) -> Tensor:
-    """``r_i − mean_g(r)``: the group-mean baseline of REINFORCE++-baseline (Hu 2025, §3; verl's
-    ``reinforce_plus_plus_baseline``). ``scores [B]`` -> ``[B]``."""
+def group_mean_baseline(scores: Tensor, group_size: int, scored: Tensor | None = None) -> Tensor:
+    """``r_i − mean_g(r)``: the group-mean baseline of REINFORCE++-baseline (Hu 2025, §3; the math of
+    OpenRLHF's ``reinforce_baseline`` estimator). ``scores [B]`` -> ``[B]``; ``scored [B]``: the mean over
+    the group's scored rows, 0 at the unscored ones."""
     g = _groups(scores, group_size)
-    return (g - g.mean(-1, keepdim=True)).reshape(-1)
+    if scored is None:
+        return (g - g.mean(-1, keepdim=True)).reshape(-1)
+    return _group_centred(g, _scored(scored, g))[0].reshape(-1)
+
+
+def zero_std_groups(scores: Tensor, group_size: int, scored: Tensor | None = None, rtol: float = 1e-6) -> Tensor:
+    """``[G]`` bool: True for a group whose scored samples all got the same reward (spread ≤ ``rtol`` ×
+    max(1, max |r|)), or that has fewer than two scored samples: a group-relative advantage (GRPO, RLOO) is
+    0 for all of it. ``scores [B]``. DAPO's dynamic sampling (Yu et al. 2025, arXiv 2503.14476, §3.2: keep the
+    groups with 0 < accuracy < 1, the constraint of its objective) drops these groups. A group holding a
+    non-finite score is not one (its rows are a fault, which the update counts and skips)."""
+    g = _groups(scores, group_size)
+    w = _scored(scored, g)
+    inf = torch.full((), float("inf"), dtype=g.dtype, device=g.device)
+    spread = torch.where(w, g, -inf).amax(-1) - torch.where(w, g, inf).amin(-1)
+    scale = torch.where(w, g.abs(), torch.zeros((), dtype=g.dtype, device=g.device)).amax(-1).clamp(min=1)
+    finite = torch.where(w, torch.isfinite(g), True).all(-1)
+    return finite & ((w.sum(-1) < 2) | (spread <= rtol * scale))
 
 
 def discounted_returns(rewards: Tensor, mask: Tensor, gamma: float = 1.0) -> Tensor:

@@ -134,12 +134,13 @@ def clipped_surrogate(log_probs: Tensor, old_log_probs: Tensor, advantages: Tens
 
 def loss_units(mask: Tensor, agg: str) -> Tensor:
     """How many units :func:`aggregate_loss` averages over: response tokens (``token_mean``) or sequences
-    (the ``seq_mean_*`` modes). The update weights each micro-batch's loss by its units, so that N
-    processes × B/N rows give the gradient of 1 × B rows."""
+    with at least one token in ``mask`` (the ``seq_mean_*`` modes: a row whose loss mask is empty, e.g. a
+    truncated response under ``algorithm.mask_truncated_completions``, is in no denominator). The update
+    weights each micro-batch's loss by its units, so that N processes × B/N rows give the gradient of 1 × B."""
     if agg == "token_mean":
         return mask.sum()
     if agg in LOSS_AGGS:
-        return torch.tensor(mask.shape[0], device=mask.device)
+        return (mask != 0).any(-1).sum()
     raise ValueError(f"unknown loss aggregation {agg!r}; expected one of {', '.join(LOSS_AGGS)}")
 
 
@@ -148,17 +149,20 @@ def aggregate_loss(loss: Tensor, mask: Tensor, agg: str, norm_length: int | None
 
         token_mean               Σ_{i,t} l / Σ_{i,t} m                   (DAPO, Yu et al. 2025, eq. 8:
                                                                           every token weighs the same)
-        seq_mean_token_mean      1/B Σ_i (Σ_t l_{i,t} / |y_i|)           (GRPO, Shao et al. 2024, eq. 3)
-        seq_mean_token_sum_norm  1/B Σ_i (Σ_t l_{i,t} / norm_length)     (Dr. GRPO, Liu et al. 2025, §3.1:
+        seq_mean_token_mean      1/B' Σ_i (Σ_t l_{i,t} / |y_i|)          (GRPO, Shao et al. 2024, eq. 3)
+        seq_mean_token_sum_norm  1/B' Σ_i (Σ_t l_{i,t} / norm_length)    (Dr. GRPO, Liu et al. 2025, §3.1:
                                                                           a constant divisor, no length bias)
 
+    B' counts the rows with at least one token in ``mask`` (B when every row has one, as every rollout
+    does: a response holds at least one token); a row left out of the loss whole is in no mean.
     ``norm_length`` (``seq_mean_token_sum_norm`` only) defaults to ``T``, the generation budget.
     """
     inside = mask if mask.dtype == torch.bool else mask != 0
     if agg == "token_mean":
         return masked_mean(loss, inside)
+    rows = inside.any(-1).sum().clamp(min=1)
     if agg == "seq_mean_token_mean":
-        return masked_mean(loss, inside, dim=-1).mean()
+        return masked_mean(loss, inside, dim=-1).sum() / rows
     if agg == "seq_mean_token_sum_norm":
-        return (masked_sum(loss, inside, dim=-1) / float(norm_length or loss.shape[-1])).mean()
+        return (masked_sum(loss, inside, dim=-1) / float(norm_length or loss.shape[-1])).sum() / rows
     raise ValueError(f"unknown loss aggregation {agg!r}; expected one of {', '.join(LOSS_AGGS)}")
