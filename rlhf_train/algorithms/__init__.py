@@ -2,9 +2,11 @@
 
 The ``Algorithm`` and ``AdvantageEstimator`` interfaces (``base``), PPO with GAE (``ppo``), the critic-free
 GRPO / RLOO / REINFORCE++ (``critic_free``), every algorithm by name (``registry``), their config sections
-(``configs``: ``algorithm`` and ``update``) and the minibatch update with gradient accumulation and skipping
-of non-finite minibatches (``update``), whose micro-batches are fixed slices or, with ``update.packing``,
-packed bins of at most ``update.token_budget`` tokens (``micro_batches``). The per-tensor math they call lives in :mod:`rlhf_train.core`.
+(``configs``: ``algorithm`` and ``update``) and the ``algorithm`` section's checks (``checks``), the rows the
+update trains on (``selection``: DAPO's zero-variance groups, truncated responses, no update without a signal)
+and the minibatch update with gradient accumulation and skipping of non-finite minibatches (``update``), whose
+micro-batches are fixed slices or, with ``update.packing``, packed bins of at most ``update.token_budget``
+tokens (``micro_batches``). The per-tensor math they call lives in :mod:`rlhf_train.core`.
 
 May import: every layer up to ``rlhf_train.generation`` / ``rlhf_train.rewards``.
 

@@ -63,6 +63,11 @@ class AlgorithmConfig:
     vf_coef: float = 0.1                 # [ppo] weight of the value loss
     clip_eps_value: float = 0.2          # [ppo] value clip epsilon (around the rollout's values)
     whiten_advantages: bool = True       # [ppo] normalise advantages over the batch's response tokens
+    scale_eps: float = 1e-6              # grpo: the ε added to the std (verl's 1e-6; TRL's GRPOTrainer: 1e-4)
+    score_clip: Optional[float] = 10.0   # this algorithm's default of rollout.score_clip (null = no clip)
+    kl_ratio_weighted: bool = False      # beta's k3 term times π/π_old (the reverse KL's gradient; core/kl.py)
+    filter_zero_std_groups: bool = False  # grpo, rloo: groups whose rewards are all equal leave the update (DAPO)
+    mask_truncated_completions: bool = False  # responses cut at rollout.max_new_tokens: out of the loss
     is_correction: ISCorrectionConfig = field(default_factory=ISCorrectionConfig)  # sampler/trainer mismatch
 
     def __post_init__(self):  # from a plain dict (OmegaConf.to_container of the config)

@@ -14,6 +14,8 @@ it is in the loss (the loop shapes with β = 0 then).
 """
 from __future__ import annotations
 
+import logging
+
 import torch
 
 from rlhf_train.algorithms.base import (
@@ -31,10 +33,19 @@ from rlhf_train.core.advantages import (
     leave_one_out_advantage,
 )
 from rlhf_train.core.containers import Rollout
-from rlhf_train.core.kl import kl_estimate
+from rlhf_train.core.kl import k3_loss_term
 from rlhf_train.core.losses import aggregate_loss, clipped_surrogate, loss_units
 from rlhf_train.core.masked import global_masked_whiten, masked_mean, masked_sum
 from rlhf_train.core.turns import over_actions
+
+
+log = logging.getLogger(__name__)
+
+
+def scored_rows(rollout: Rollout) -> torch.Tensor | None:
+    """``[B]`` bool: the rows some reward source scored (``None``: every row; the rollout did not say). An
+    unscored row takes no part in an estimator's statistics and gets advantage 0 (core/advantages.py)."""
+    return None if rollout.unscored is None else ~rollout.unscored
 
 
 def sequence_rewards(rollout: Rollout) -> torch.Tensor:
@@ -45,26 +56,32 @@ def sequence_rewards(rollout: Rollout) -> torch.Tensor:
 class GroupNormalized:
     """GRPO: ``(r − group mean) / (group or batch std + ε)``, every token of a sequence the same value."""
 
-    def __init__(self, group_size: int, scale: str = "group"):
-        self.group_size, self.scale = group_size, scale
+    relative_to_group = True  # the advantage of a group whose rewards are all equal is 0 (the loop may skip it)
+
+    def __init__(self, group_size: int, scale: str = "group", eps: float = 1e-6):
+        self.group_size, self.scale, self.eps = group_size, scale, eps
 
     def __call__(self, rollout: Rollout, all_reduce_sum: AllReduceSum | None = None):
         mask = rollout.masks.actions
         r = sequence_rewards(rollout)
-        rollout.advantage_raw = group_mean_baseline(r, self.group_size)[:, None] * mask
-        adv = group_normalized_advantage(r, self.group_size, self.scale, all_reduce_sum=all_reduce_sum)
+        scored = scored_rows(rollout)
+        rollout.advantage_raw = group_mean_baseline(r, self.group_size, scored)[:, None] * mask
+        adv = group_normalized_advantage(r, self.group_size, self.scale, self.eps, all_reduce_sum, scored)
         return adv[:, None] * mask, None
 
 
 class LeaveOneOut:
     """RLOO: ``r_i − mean of the other samples' r``, every token of a sequence the same value."""
 
+    relative_to_group = True
+
     def __init__(self, group_size: int):
         self.group_size = group_size
 
     def __call__(self, rollout: Rollout, all_reduce_sum: AllReduceSum | None = None):
         mask = rollout.masks.actions
-        adv = leave_one_out_advantage(sequence_rewards(rollout), self.group_size)[:, None] * mask
+        r = sequence_rewards(rollout)
+        adv = leave_one_out_advantage(r, self.group_size, scored_rows(rollout))[:, None] * mask
         rollout.advantage_raw = adv
         return adv, None
 
@@ -72,7 +89,10 @@ class LeaveOneOut:
 class ReinforcePP:
     """REINFORCE++: the return-to-go of the per-token reward (KL at every token, score at the last),
     whitened over all processes' response tokens. With ``group_size`` (REINFORCE++-baseline) the group's
-    mean score is subtracted from the score first."""
+    mean score is subtracted from the score first: OpenRLHF's ``reinforce_baseline`` (mean-centred score,
+    then the KL per token, return-to-go, batch whitening), not verl's ``reinforce_plus_plus_baseline``
+    (which whitens the centred sequence reward broadcast over the tokens, no return-to-go). Unscored rows
+    (``rollout.unscored``) are out of the group mean and the whitening, with advantage 0."""
 
     def __init__(self, gamma: float = 1.0, group_size: int | None = None):
         self.gamma, self.group_size = gamma, group_size
@@ -80,16 +100,17 @@ class ReinforcePP:
     def __call__(self, rollout: Rollout, all_reduce_sum: AllReduceSum | None = None):
         mask = rollout.masks.actions
         reward = rollout.reward
+        scored = scored_rows(rollout)
         if self.group_size is not None:
             done_score = masked_sum(rollout.reward_raw, mask, dim=-1)  # the score each row was paid
-            shift = done_score - group_mean_baseline(done_score, self.group_size)  # its group's mean
+            shift = done_score - group_mean_baseline(done_score, self.group_size, scored)  # its group's mean
             reward = reward - shift[:, None] * rollout.done.to(reward.dtype)
         if rollout.masks.assistant is None:
             returns = discounted_returns(reward, mask, self.gamma)
         else:  # multi-turn: environment tokens between the turns are no timesteps (no discount step)
             returns = over_actions(lambda r, m: (discounted_returns(r, m, self.gamma),), mask, reward)[0]
         rollout.advantage_raw = returns
-        ok = finite_rows(rollout) & torch.isfinite(returns).all(-1)
+        ok = finite_rows(rollout) & torch.isfinite(returns).all(-1) & (True if scored is None else scored)
         return global_masked_whiten(returns, mask & ok[:, None], all_reduce_sum), None
 
 
@@ -114,6 +135,11 @@ class PolicyGradient:
         self.clip_high = update.clip_eps if cfg.clip_high is None else cfg.clip_high
         self.norm_length = cfg.norm_length or max_new_tokens
         self.estimator = estimator
+        if cfg.ratio_level == "sequence" and cfg.loss_agg != "seq_mean_token_mean":  # as TRL warns
+            log.warning("[rlhf_train] algorithm.ratio_level=sequence with algorithm.loss_agg=%s sums per-token terms, "
+                        "which weighs each sequence by its length instead of GSPO's per-sequence objective; "
+                        "set algorithm.loss_agg=seq_mean_token_mean to reproduce GSPO (Zheng et al. 2025)",
+                        cfg.loss_agg)
 
     def loss_units(self, mask: torch.Tensor) -> torch.Tensor:
         """What the loss is a mean over: tokens (``token_mean``) or sequences (the ``seq_mean_*`` modes)."""
@@ -133,9 +159,8 @@ class PolicyGradient:
         stats = {"loss/policy": pg_loss.detach(), "policy/clipfrac": st["clipfrac"],
                  "policy/clipfrac_low": st["clipfrac_low"], "policy/clipfrac_high": st["clipfrac_high"],
                  "policy/approx_kl": st["approx_kl"], "val/ratio": st["ratio_mean"], **is_stats}
-        if self.kl_in_loss:
-            log_p = torch.where(mask, out.log_probs, mb.ref_log_prob)  # log ratio 0 outside: no inf − inf
-            kl = kl_estimate(log_p, mb.ref_log_prob, "k3")
+        if self.kl_in_loss:  # k3, or (kl_ratio_weighted) π/π_old · k3: core/kl.py says which KL each follows
+            kl = k3_loss_term(out.log_probs, mb.sample_log_prob, mb.ref_log_prob, mask, self.cfg.kl_ratio_weighted)
             kl_loss = agg(kl)
             loss = loss + self.cfg.beta * kl_loss
             stats["loss/kl"] = kl_loss.detach()
@@ -149,7 +174,7 @@ class PolicyGradient:
 
 # The registry's factories (rlhf_train/algorithms/registry.py): (algorithm cfg, update cfg, group size, T) -> Algorithm
 def grpo(cfg: AlgorithmConfig, update: UpdateConfig, group_size: int, max_new_tokens: int) -> PolicyGradient:
-    return PolicyGradient(cfg, update, max_new_tokens, GroupNormalized(group_size, cfg.scale_rewards))
+    return PolicyGradient(cfg, update, max_new_tokens, GroupNormalized(group_size, cfg.scale_rewards, cfg.scale_eps))
 
 
 def rloo(cfg: AlgorithmConfig, update: UpdateConfig, group_size: int, max_new_tokens: int) -> PolicyGradient:

@@ -19,6 +19,9 @@ ALGORITHMS: dict[str, Callable[[AlgorithmConfig, UpdateConfig, int, int], Algori
 }
 # names whose estimator compares the samples of a prompt: they need rollout.num_samples >= 2
 GROUP_ALGORITHMS = ("grpo", "rloo", "reinforce_pp_baseline")
+# names whose advantage is relative to the group alone, 0 for a group of equal rewards (their estimators say so
+# with relative_to_group): algorithm.filter_zero_std_groups applies to them
+GROUP_RELATIVE = ("grpo", "rloo")
 
 
 def build_algorithm(cfg: AlgorithmConfig, update: UpdateConfig, group_size: int, max_new_tokens: int) -> Algorithm:

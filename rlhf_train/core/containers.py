@@ -133,6 +133,7 @@ class Rollout(TensorClass["nocast", "shadow"]):
     ``score``            [B]          ``("next", "score")``               after score shaping (baseline, EOS penalty, clip)
     ``score_ref``        [B]          ``("next", "score_ref")``           score of the reference response (or None)
     ``reward_sources``   TensorDict   ``reward_sources``                  each source's raw score [B], keyed by name
+    ``unscored``         [B] bool     (none)                              no source scored the row (all None)
     ``reward_raw``       [B, T]       ``("next", "reward_raw")``          score at the done step, 0 elsewhere
     ``reward_kl``        [B, T]       ``("next", "reward_kl")``           −β · kl (0 when the KL goes in the loss)
     ``reward``           [B, T]       ``("next", "reward")``              per-token reward: reward_raw + reward_kl
@@ -148,7 +149,9 @@ class Rollout(TensorClass["nocast", "shadow"]):
     not use stay ``None``. ``sample_log_prob`` is the trainer's π_old: the sampler's own log-probs when the
     rollout takes them as they are (then ``sampler_log_prob`` holds the same values), else the policy's
     no-grad pass; the two are compared by ``objective/sample_train_kl`` and weighed against each other by
-    ``algorithm.is_correction`` (:mod:`rlhf_train.core.mismatch`).
+    ``algorithm.is_correction`` (:mod:`rlhf_train.core.mismatch`). An ``unscored`` row (every reward function
+    returned None; its score is 0) takes no part in the critic-free estimators' statistics and gets
+    advantage 0 (:mod:`rlhf_train.core.advantages`).
     """
 
     tokens: Tokens | None = None
@@ -164,6 +167,7 @@ class Rollout(TensorClass["nocast", "shadow"]):
     score: torch.Tensor | None = None
     score_ref: torch.Tensor | None = None
     reward_sources: TensorDict | None = None
+    unscored: torch.Tensor | None = None
     reward_raw: torch.Tensor | None = None
     reward_kl: torch.Tensor | None = None
     reward: torch.Tensor | None = None

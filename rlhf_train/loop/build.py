@@ -27,6 +27,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from rlhf_train.algorithms.base import Algorithm
 from rlhf_train.algorithms.configs import AlgorithmConfig, UpdateConfig
+from rlhf_train.algorithms.selection import RowSelection
 from rlhf_train.core.sampling import SamplingParams
 from rlhf_train.infra.errors import instantiate_or_config_error
 from rlhf_train.loop import checks
@@ -56,6 +57,7 @@ class Decisions:
     sampling: SamplingParams       # the rollout's sampling distribution (log-probs: its temperature alone)
     group_size: int                # rollout.num_samples: completions per prompt, adjacent rows
     precision: str | None          # trainer.precision: fp32 | bf16 | fp16 (None: what `accelerate launch` was given)
+    rows: RowSelection | None = None  # the rows the update trains on (filter_zero_std_groups, mask_truncated_...)
 
     @property
     def needs_reference(self) -> bool:
@@ -71,7 +73,9 @@ def decide(cfg: DictConfig) -> Decisions:
     group_size = cfg.rollout.num_samples
     algorithm = build_algorithm(algo, update, group_size, cfg.rollout.max_new_tokens)
     sampling = SamplingParams(cfg.rollout.temperature, cfg.rollout.top_k, cfg.rollout.top_p)
-    return Decisions(algorithm, update, sampling, group_size, decide_precision(cfg.trainer))
+    rows = RowSelection(group_size, update.minibatch_size, getattr(algorithm.estimator, "relative_to_group", False),
+                        algo.filter_zero_std_groups, algo.mask_truncated_completions)
+    return Decisions(algorithm, update, sampling, group_size, decide_precision(cfg.trainer), rows)
 
 
 @dataclass

@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from rlhf_train.algorithms.checks import check_algorithm
 from rlhf_train.envs.checks import check_env_built, check_env_config
 from rlhf_train.infra.errors import ConfigError
 from rlhf_train.loop.precision import check_is_correction, check_precision
@@ -123,41 +124,6 @@ def check_packing_config(u: DictConfig) -> None:
         raise ConfigError(f"update.packing=true splits each minibatch into micro-batches of at most "
                           f"update.token_budget tokens: leave update.gradient_accumulation_steps at 1 (it is "
                           f"{u.gradient_accumulation_steps})")
-
-
-def check_algorithm(cfg: DictConfig) -> None:
-    """The ``algorithm`` section against ``rollout.num_samples``: one line naming the key and the fix."""
-    from rlhf_train.algorithms.registry import ALGORITHMS, GROUP_ALGORITHMS
-    from rlhf_train.core.advantages import SCALE_REWARDS
-    from rlhf_train.core.losses import LOSS_AGGS, RATIO_LEVELS
-
-    a, k = cfg.get("algorithm") or {}, cfg.rollout.get("num_samples", 1)
-    name = a.get("name", "ppo")
-    for key, value, allowed in (("name", name, tuple(ALGORITHMS)), ("scale_rewards", a.get("scale_rewards", "group"),
-                                SCALE_REWARDS), ("loss_agg", a.get("loss_agg", "token_mean"), LOSS_AGGS),
-                                ("ratio_level", a.get("ratio_level", "token"), RATIO_LEVELS)):
-        if value not in allowed:
-            raise ConfigError(f"algorithm.{key}='{value}' is not valid; choose one of: {', '.join(allowed)}")
-    if k is None or k < 1:
-        raise ConfigError(f"rollout.num_samples={k} must be positive")
-    if name in GROUP_ALGORITHMS and k < 2:
-        raise ConfigError(f"algorithm={name} compares the samples of a prompt: set rollout.num_samples >= 2 "
-                          f"(got {k})")
-    for key in ("clip_low", "clip_high", "norm_length"):
-        if a.get(key) is not None and a.get(key) <= 0:
-            raise ConfigError(f"algorithm.{key}={a.get(key)} must be positive (or null)")
-    if a.get("beta", 0.0) < 0:
-        raise ConfigError(f"algorithm.beta={a.get('beta')} must be >= 0")
-    if a.get("beta", 0.0) > 0 and a.get("kl_in_reward", True):
-        raise ConfigError(f"algorithm.beta={a.get('beta')} puts the KL in the loss while algorithm.kl_in_reward=true "
-                          f"also puts it in the reward: set algorithm.kl_in_reward=false or algorithm.beta=0")
-    if name == "ppo":
-        default = {"loss_agg": "token_mean", "ratio_level": "token", "clip_low": None, "clip_high": None,
-                   "kl_in_reward": True, "beta": 0.0}
-        changed = [key for key, value in default.items() if a.get(key, value) != value]
-        if changed:
-            raise ConfigError(f"algorithm.{changed[0]} does not apply to algorithm=ppo (PPO: clipped surrogate with "
-                              f"update.clip_eps, token mean, KL in the reward); choose algorithm=grpo|rloo|reinforce_pp")
 
 
 def check_added_keys(cfg: DictConfig, prefix: str = "") -> None:

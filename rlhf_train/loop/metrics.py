@@ -7,6 +7,7 @@ import math
 
 import torch
 
+from rlhf_train.core.advantages import zero_std_groups
 from rlhf_train.core.containers import Rollout
 from rlhf_train.core.masked import masked_mean, masked_sum
 
@@ -44,13 +45,16 @@ def rollout_metrics(ro: Rollout, group_size: int = 1, accuracy: dict[str, float]
         seq = masked_sum(ro.reward, mask, dim=-1).view(-1, group_size)  # what the group estimators compare
         std = seq.std(-1)
         out["reward/group_std"] = std.mean()
-        out["reward/frac_zero_std_groups"] = (std <= 1e-6 * seq.abs().amax(-1).clamp(min=1)).float().mean()
+        scored = None if ro.unscored is None else ~ro.unscored  # rows no source scored: in no group's spread
+        out["reward/frac_zero_std_groups"] = zero_std_groups(seq.reshape(-1), group_size, scored).float().mean()
     actions = ro.masks.actions  # the sampled tokens (a multi-turn episode's assistant tokens)
     if ro.advantage_raw is not None:
         out["val/advantage_mean_raw"] = masked_mean(ro.advantage_raw, actions)  # before whitening
     if ro.values is not None and ro.returns is not None:
         out["val/value_mean"] = masked_mean(ro.values, actions)
         out["val/return_mean"] = masked_mean(ro.returns, actions)
+    if ro.unscored is not None:  # every source returned None: score 0, advantage 0 (core/advantages.py)
+        out["reward/frac_unscored"] = ro.unscored.float().mean()
     if ro.reward_sources is not None and len(ro.reward_sources.keys()) > 1:  # one source: objective/score is it
         for name in ro.reward_sources.keys():
             out[f"reward/{name}"] = ro.reward_sources[name].float().nanmean()

@@ -6,7 +6,8 @@
      the algorithm puts it in its loss); a ``Rollout`` comes back;
   2. advantages: the algorithm's estimator (PPO: GAE, whitened over all processes' tokens; GRPO / RLOO:
      group baselines over the ``rollout.num_samples`` samples of each prompt);
-  3. the update: epochs over minibatches of the algorithm's loss (:mod:`rlhf_train.algorithms.update`);
+  3. the update: epochs over minibatches of the algorithm's loss (:mod:`rlhf_train.algorithms.update`), on the
+     rows with something to learn (:mod:`rlhf_train.algorithms.selection`; none left: no update);
   4. the KL controller steps with the per-sequence KLs of all processes (the loop owns it);
   5. the metrics, reduced over processes.
 
@@ -88,10 +89,19 @@ def step(run: Run, state: TrainState, batch) -> tuple[dict, Rollout] | None:
     t_rollout = time.perf_counter() - t0
     # 2. advantages (and the critic's targets) from the algorithm's estimator
     ro.advantage, ro.returns = algorithm.estimator(ro, run.all_reduce_sum)
-    # 3. the update: epochs over minibatches of the algorithm's loss
+    # 3. the update: epochs over minibatches of the algorithm's loss, on the rows with something to learn
     t1 = time.perf_counter()
-    update_stats = minibatch_update(policy, run.optimizer, run.lr_scheduler, accelerator, ro, algorithm,
-                                    run.decisions.sampling, run.decisions.update, state.generator, state.faults)
+    chosen, dropped = run.decisions.rows(ro, run.gather) if run.decisions.rows is not None else (ro, 0)
+    if chosen is None:  # no row of any process has a learning signal: no pass, no optimizer or LR step
+        state.faults.no_signal_update()
+        if accelerator.is_main_process:
+            log.warning("[rlhf_train] iteration %d: update skipped, no sample had anything to learn (every group's "
+                        "rewards equal, or every response left out of the loss); faults/no_signal_updates=%d",
+                        state.iteration + 1, state.faults.no_signal)
+        update_stats = {}
+    else:
+        update_stats = minibatch_update(policy, run.optimizer, run.lr_scheduler, accelerator, chosen, algorithm,
+                                        run.decisions.sampling, run.decisions.update, state.generator, state.faults)
     t_update = time.perf_counter() - t1
     # 4. the KL controller steps with the per-sequence KLs of all processes
     if algorithm.kl_in_reward:
@@ -104,7 +114,8 @@ def step(run: Run, state: TrainState, batch) -> tuple[dict, Rollout] | None:
     accuracy = accuracy_thresholds(run.rollout.reward_sources, evaluation.get("accuracy_threshold", 1.0))
     metrics = {**rollout_metrics(ro, run.decisions.group_size, accuracy), **update_stats, "objective/kl_coef": kl_coef,
                "objective/kl_coef_next": kl_next, "faults/skipped_updates": state.faults.skipped,
-               "faults/reward_errors": state.faults.reward_errors, "time/rollout_s": t_rollout,
+               "faults/reward_errors": state.faults.reward_errors, "faults/no_signal_updates": state.faults.no_signal,
+               "update/dropped_rows": float(dropped), "time/rollout_s": t_rollout,
                "time/update_s": t_update, "time/iteration_s": time.perf_counter() - t0,
                "lr": run.lr_scheduler.get_last_lr()[0]}
     report = getattr(run.rollout, "reward_report", None)  # the reward sources' time, rows left unscored

@@ -15,9 +15,11 @@ one of them): ``score = Σ_name weight · source(sequences)``, each source's raw
   slow function overlaps with the model passes. A call past its timeout, or whose worker died, scores
   ``None`` for its rows and is counted (:class:`RewardReport`).
 
-``None`` / NaN rows: as in TRL, the weighted sum skips a function's None (NaN) for that row (``nansum``: a row
-that no source rewards gets 0), so ``None`` never skips an update; a reward model's NaN is a fault: the row's
-score is NaN and the update skips that minibatch (``finite_rows`` in ``algorithms/base.py``).
+``None`` / NaN rows: the weighted sum skips a function's None (NaN) for that row (``nansum``), so ``None`` never
+skips an update. A row that no source scores sums to 0 but is not a reward of 0: the rollout marks it
+(``Rollout.unscored``) and the critic-free estimators leave it out of its group's statistics with advantage 0,
+TRL's rule since huggingface/trl#5902 (GRPO, RLOO). A reward model's NaN is a fault: the row's score is NaN
+and the update skips that minibatch (``finite_rows`` in ``algorithms/base.py``).
 :func:`build_reward_sources` builds the dict from the config (``reward_model`` + ``rewards``);
 :func:`probe_reward_sources` scores one batch before training so that a broken source fails at start.
 A new kind of source goes in ``rlhf_train/rewards/<name>.py`` as a callable with :meth:`RewardSource.__call__`.
@@ -163,7 +165,7 @@ def score_sources(sources: dict[str, tuple[RewardSource, float]], sequences: Seq
         x = parts[name].float()
         if getattr(source, "overlap", False):
             # a Python function's NaN is its None, "no reward for this sample": left out of the row's sum, as
-            # TRL's nansum does (a row that no source rewards gets 0), never a fault that skips the update
+            # TRL's nansum does (a row that no source rewards sums to 0: Rollout.unscored), never a fault
             x = x.nan_to_num(nan=0.0, posinf=torch.inf, neginf=-torch.inf)
         else:  # a reward model's NaN is a fault: the row's score is NaN (the update skips and counts it)
             fault |= torch.isnan(x)

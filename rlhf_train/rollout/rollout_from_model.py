@@ -252,10 +252,21 @@ class RolloutFromModel:
             kl_per_sequence=torch.zeros(B, device=device) if ref_log_probs is None else None,
             kl_coef=torch.full((B,), float(kl_coef), device=device),
             score_raw=score, score=score.clone(), score_ref=score_ref, reward_sources=parts,
+            unscored=unscored_rows(parts, score),
             done=done, terminated=done & has_eos[:, None], truncated=done & ~has_eos[:, None],
             batch_size=[B], device=device,
         )
         return apply_shaping(self.shaping, ro) if shape else ro
+
+
+def unscored_rows(parts, score: torch.Tensor) -> torch.Tensor:
+    """``[B]`` bool: rows every reward source left unscored (each returned None: NaN in ``parts``) whose total
+    is finite (a reward model's NaN makes the total NaN: a fault, never "unscored"). The weighted sum gives
+    them 0; the critic-free estimators leave them out of their statistics with advantage 0 (TRL's rule)."""
+    names = list(parts.keys())
+    if not names:
+        return torch.zeros_like(score, dtype=torch.bool)
+    return torch.stack([parts[n].isnan() for n in names]).all(0) & torch.isfinite(score)
 
 
 def reference_sequences(batch: Any) -> tuple[torch.Tensor, torch.Tensor] | None:

@@ -4,11 +4,19 @@ Each test here failed on the code before its fix.
 1. top-k / top-p: every log-prob (the sampler's, π_old, the update's π) is under the temperature alone, so
    ``algorithm=grpo algorithm.beta>0 rollout.top_k=...`` trains (it stopped at iteration 1: a sampled token
    left the top-k set after one step, log π = −inf, k3 = NaN, every minibatch skipped) and the first ratio is 1.
+2. GRPO's KL term: plain k3 (verl) or weighted by π / π_old (``algorithm.kl_ratio_weighted``: DeepSeek-V3.2,
+   TRL's ``use_bias_correction_kl``), by hand (which KL each one's gradient follows: tests/unit/core/test_rlvr_math.py).
+3. ``rollout.score_clip`` defaults to the algorithm's (TRL's GRPO and RLOO clip nothing; PPO and REINFORCE++
+   clip at 10, as torchrl and OpenRLHF), the reward-model recipes keep the 10 they were measured with; GSPO's
+   sequence ratio with a loss that sums token terms warns in one line, as TRL does.
+4. The estimators (GRPO, RLOO, REINFORCE++-baseline) read ``Rollout.unscored``: a row no source scored is out of
+   its group's statistics with advantage 0, by hand (the functions: tests/unit/core/test_rlvr_math.py).
 
 Budget: ~15 s on 2 CPU cores.
 """
 from __future__ import annotations
 
+import logging
 import math
 
 import pytest
@@ -64,3 +72,85 @@ def test_grpo_with_kl_in_the_loss_and_a_sampling_filter_trains(tmp_path, samplin
         assert h["faults/skipped_updates"] == 0
         assert math.isfinite(h["policy/approx_kl"]) and math.isfinite(h["loss/kl"])
         assert h["val/first_ratio"] == pytest.approx(1.0, abs=1e-5)  # the sampler's log-probs: the update's
+
+
+# --------------------------------------------------------------------------- 2. the KL term: plain or ratio-weighted
+@pytest.mark.parametrize("weighted", [False, True])
+def test_grpo_kl_term_plain_or_weighted_by_the_ratio(weighted):
+    from rlhf_train.algorithms import critic_free
+    from rlhf_train.algorithms.base import PolicyOutput
+    from rlhf_train.algorithms.configs import AlgorithmConfig, UpdateConfig
+    from rlhf_train.core.containers import Masks, Rollout
+
+    cfg = AlgorithmConfig(name="grpo", loss_agg="seq_mean_token_mean", kl_in_reward=False, beta=0.5,
+                          kl_ratio_weighted=weighted)
+    algo = critic_free.grpo(cfg, UpdateConfig(), group_size=2, max_new_tokens=2)
+    mask = torch.tensor([[True, True], [True, False]])
+    mb = Rollout(masks=Masks(response=mask, batch_size=[2]), advantage=torch.zeros(2, 2),
+                 sample_log_prob=torch.tensor([[-math.log(2.0), 0.0], [0.0, 0.0]]),  # π_old(0, 0) = 1/2
+                 ref_log_prob=torch.tensor([[-math.log(2.0), 0.0], [0.0, 0.0]]), batch_size=[2])
+    loss, stats = algo.loss(PolicyOutput(torch.zeros(2, 2), None, None), mb)  # π = 1 everywhere
+    # token (0, 0): k3 with log π − log π_ref = log 2: 1/2 − 1 + log 2 = 0.193147, and π/π_old = 2 there;
+    # per sequence (0.193147 [× 2]) / 2 and 0 -> mean over the 2 sequences: 0.048287 (plain), 0.096574 (weighted)
+    k3 = (0.5 - 1 + math.log(2.0)) * (2 if weighted else 1)
+    assert stats["loss/kl"].item() == pytest.approx(k3 / 4, rel=1e-6)
+    assert loss.item() == pytest.approx(0.5 * k3 / 4, rel=1e-6)  # the policy term is 0 (advantage 0)
+
+
+# --------------------------------------------------------------------------- 3. defaults per algorithm, warnings
+@pytest.mark.parametrize("algorithm, clip", [("ppo", 10.0), ("grpo", None), ("rloo", None), ("reinforce_pp", 10.0),
+                                             ("reinforce_pp_baseline", 10.0)])
+def test_score_clip_default_is_the_algorithms(algorithm, clip):
+    from tests.helpers.config import compose
+
+    cfg = compose([f"algorithm={algorithm}"])
+    assert cfg.rollout.score_clip == clip and cfg.transforms.score_clip.clip == clip  # TRL's GRPO / RLOO: no clip
+    assert compose([f"algorithm={algorithm}", "rollout.score_clip=3"]).transforms.score_clip.clip == 3
+
+
+@pytest.mark.parametrize("recipe", ["default", "sentiment_grpo", "sentiment_rloo"])
+def test_the_reward_model_recipes_keep_the_clip_they_were_measured_with(recipe):
+    from tests.helpers.config import compose
+
+    assert compose([f"+recipe={recipe}"]).rollout.score_clip == 10.0
+
+
+@pytest.mark.parametrize("loss_agg, warns", [("token_mean", True), ("seq_mean_token_sum_norm", True),
+                                             ("seq_mean_token_mean", False)])
+def test_gspo_with_a_token_sum_aggregation_warns(loss_agg, warns, caplog):
+    from rlhf_train.algorithms import critic_free
+    from rlhf_train.algorithms.configs import AlgorithmConfig, UpdateConfig
+
+    cfg = AlgorithmConfig(name="grpo", kl_in_reward=False, ratio_level="sequence", loss_agg=loss_agg)
+    with caplog.at_level(logging.WARNING, logger="rlhf_train.algorithms.critic_free"):
+        critic_free.grpo(cfg, UpdateConfig(), group_size=2, max_new_tokens=4)
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == int(warns)
+    if warns:
+        assert f"algorithm.ratio_level=sequence with algorithm.loss_agg={loss_agg}" in lines[0]
+        assert "set algorithm.loss_agg=seq_mean_token_mean" in lines[0]
+
+
+# --------------------------------------------------------------------------- 4. rows no source scored
+def test_the_estimators_read_the_rollouts_unscored_rows():
+    from rlhf_train.algorithms.critic_free import GroupNormalized, LeaveOneOut, ReinforcePP
+    from rlhf_train.core.containers import Masks, Rollout
+
+    # one group of three, responses of 2 tokens, the score at the last; row 1 unscored
+    mask = torch.ones(3, 2, dtype=torch.bool)
+    done = torch.tensor([[False, True]] * 3)
+    score = torch.tensor([1.0, 0.0, 3.0])
+    reward = torch.zeros(3, 2).masked_scatter(done, score)
+    ro = Rollout(masks=Masks(response=mask, batch_size=[3]), reward=reward, reward_raw=reward.clone(),
+                 done=done, score=score, sample_log_prob=torch.zeros(3, 2), unscored=torch.tensor([False, True, False]),
+                 batch_size=[3])
+    s = 1 / math.sqrt(2)
+    adv, _ = GroupNormalized(3)(ro)
+    torch.testing.assert_close(adv, torch.tensor([[-s, -s], [0, 0], [s, s]]), atol=1e-5, rtol=0)
+    adv, _ = LeaveOneOut(3)(ro)
+    torch.testing.assert_close(adv, torch.tensor([[-2.0, -2.0], [0, 0], [2, 2]]))
+    # REINFORCE++-baseline: scores centred on the scored mean 2 -> returns-to-go (-1, -1) and (1, 1); whitened
+    # over the 4 tokens of the scored rows: mean 0, unbiased variance 4 / 3 -> ∓0.866025; the unscored row 0
+    adv, _ = ReinforcePP(1.0, group_size=3)(ro)
+    w = 1 / math.sqrt(4 / 3)
+    torch.testing.assert_close(adv, torch.tensor([[-w, -w], [0, 0], [w, w]]), atol=1e-5, rtol=0)
