@@ -21,6 +21,8 @@ class UpdateConfig:
     packing: bool = False                # micro-batches of sequences packed without padding (models/packed.py)
     token_budget: int = 4096             # with packing: the most real tokens in one micro-batch
     gradient_checkpointing: bool = False  # recompute the policy trunk's activations in the backward pass
+    micro_batch_tokens: Optional[int] = None  # without packing: the most padded tokens per micro-batch (null: auto)
+
 
 # the keys of the former `ppo` section and where each lives now (a `ppo.*` override is refused with this)
 MOVED_PPO_KEYS = {"num_epochs": "update", "minibatch_size": "update", "gradient_accumulation_steps": "update",

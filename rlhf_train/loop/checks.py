@@ -95,6 +95,8 @@ def check_positive(cfg: DictConfig) -> None:
     ]
     if cfg.rollout.get("logprob_batch_size") is not None:
         checks.append(("rollout.logprob_batch_size", cfg.rollout.logprob_batch_size))
+    if cfg["update"].get("micro_batch_tokens") is not None:
+        checks.append(("update.micro_batch_tokens", cfg["update"].micro_batch_tokens))
     if "target" in cfg.kl_controller:
         checks += [("kl_controller.target", cfg.kl_controller.target), ("kl_controller.horizon", cfg.kl_controller.horizon)]
     checks += [(f"generation.{k}", cfg.generation[k]) for k in ("cache_multiple", "check_every") if k in cfg.generation]
