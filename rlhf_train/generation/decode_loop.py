@@ -9,10 +9,13 @@ as ``h @ Wᵀ`` (``[B, V]``), copies the logits, runs the logits processors (our
 cumulative sum over ``V``), then an argmax over ``V`` to read the token back, and concatenates its
 ``input_ids`` every step. Here: ``W @ hᵀ`` into one ``[V, B]`` buffer reused every step (2.7-2.9 vs
 4.7-5.6 ms at width 128 on CPU), then :func:`~rlhf_train.core.sampling.sample_vocab_major` in those
-logits' own memory. Positions, the
-attention mask and the cache follow ``generate``'s conventions (positions from the left-padded mask,
-a ``DynamicCache`` built by the model), so the hidden states are ``generate``'s: a test checks the greedy
-tokens against ``generate`` for GPT-2, GPT-NeoX, Llama, Qwen2 and Gemma.
+logits' own memory. Positions and the
+attention mask follow ``generate``'s conventions (positions from the left-padded mask), so the hidden states
+are ``generate``'s: a test checks the greedy tokens against ``generate`` for GPT-2, GPT-NeoX, Llama, Qwen2 and
+Gemma. The KV cache is sized once (:func:`preallocated_cache`: ``transformers``' ``StaticCache`` of prompt +
+``max_new_tokens`` positions, written in place, with a ``[B, P+T]`` mask made before the first step) where
+the model supports one; a ``DynamicCache`` grows by a ``torch.cat`` of every layer's keys and values each step
+(SmolLM2-135M's shape, 32 rows: ~6 GB copied over 48 steps), so it is left for the models that do not.
 Measured (``benchmarks/decode_loop.py``, 32 rows, 2 threads, interleaved in one process): 32 x 50 tokens of
 a 2-layer width-128 GPT-2, 0.60 -> 0.42 s; docs/performance.md has the rest.
 """
@@ -21,6 +24,7 @@ from __future__ import annotations
 import inspect
 import torch
 from torch import nn
+from transformers import StaticCache
 
 from rlhf_train.core.containers import is_eos, position_ids_from_mask
 from rlhf_train.core.sampling import SamplingParams, sample_filtered, sample_vocab_major
@@ -45,6 +49,36 @@ def can_drive(lm: nn.Module) -> bool:
     params = inspect.signature(trunk.forward).parameters
     return (head is not None and cache_argument(trunk) is not None
             and all(k in params for k in ("position_ids", "attention_mask")))
+
+
+def preallocated_cache(lm: nn.Module, length: int):
+    """A ``StaticCache`` of ``length`` positions for ``lm`` (its rows taken from the first write), or ``None``
+    where ``transformers`` does not mark the model static-cache capable (``_can_compile_fullgraph``) or one
+    of its layers keeps a sliding window (the loop then grows a ``DynamicCache``)."""
+    from transformers import StaticCache
+
+    base = lm.get_base_model() if hasattr(lm, "get_base_model") and hasattr(lm, "peft_config") else lm
+    if not getattr(base, "_can_compile_fullgraph", False):
+        return None
+    try:
+        cache = StaticCache(config=base.config, max_cache_len=length)
+    except (TypeError, ValueError, AttributeError):  # a config StaticCache cannot read
+        return None
+    if any(getattr(layer, "is_sliding", False) for layer in getattr(cache, "layers", [None])):
+        return None
+    return cache
+
+
+def repeat_rows(cache, repeats: int) -> None:
+    """Each row of a filled KV cache ``repeats`` times, adjacent: ``DynamicCache``'s own
+    ``batch_repeat_interleave``; a ``StaticCache``'s layers (which lack it) get their ``[N, heads, L, d]``
+    keys and values repeated once, after the prefill, and are written in place from then on."""
+    if not isinstance(cache, StaticCache):
+        cache.batch_repeat_interleave(repeats)
+        return
+    for layer in cache.layers:
+        layer.keys = layer.keys.repeat_interleave(repeats, 0)
+        layer.values = layer.values.repeat_interleave(repeats, 0)
 
 
 def _cache_of(out):
@@ -82,13 +116,19 @@ def sample_with_cache(lm: nn.Module, prompt: torch.Tensor, prompt_mask: torch.Te
     """
     trunk, head = lm_trunk_and_head(lm)
     cache_kw = cache_argument(trunk)
-    B = prompt.shape[0] * num_samples
-    mask = prompt_mask.long()
-    positions = position_ids_from_mask(mask)                       # as generate gives left-padded prompts
-    out = trunk(input_ids=prompt, attention_mask=mask, position_ids=positions, use_cache=True)
+    (N, P), B = prompt.shape, prompt.shape[0] * num_samples
+    positions = position_ids_from_mask(prompt_mask.long())         # as generate gives left-padded prompts
+    static = preallocated_cache(lm, P + max_new_tokens)
+    if static is not None:  # one [N, P+T] mask for every step: the causal mask hides positions not yet written
+        mask = torch.cat([prompt_mask.long(), prompt_mask.new_ones(N, max_new_tokens, dtype=torch.long)], 1)
+        out = trunk(input_ids=prompt, attention_mask=mask, position_ids=positions, use_cache=True,
+                    **{cache_kw: static})
+    else:
+        mask = prompt_mask.long()
+        out = trunk(input_ids=prompt, attention_mask=mask, position_ids=positions, use_cache=True)
     cache, h = _cache_of(out), out.last_hidden_state[:, -1]        # h [N, H] predicts the next token
     if num_samples > 1:                                            # one prefill per prompt, then B rows
-        cache.batch_repeat_interleave(num_samples)
+        repeat_rows(cache, num_samples)
         h, mask, positions = (x.repeat_interleave(num_samples, 0) for x in (h, mask, positions))
     position = positions[:, -1:] + 1
     finished = torch.zeros(B, dtype=torch.bool, device=prompt.device)
@@ -106,7 +146,8 @@ def sample_with_cache(lm: nn.Module, prompt: torch.Tensor, prompt_mask: torch.Te
         finished |= is_eos(token, eos_token_id)
         if t == max_new_tokens - 1 or bool(finished.all()):
             break
-        mask = torch.cat([mask, mask.new_ones(B, 1)], dim=1)
+        if static is None:
+            mask = torch.cat([mask, mask.new_ones(B, 1)], dim=1)
         out = trunk(input_ids=token[:, None], attention_mask=mask, position_ids=position, use_cache=True,
                     **{cache_kw: cache})
         cache, h = _cache_of(out), out.last_hidden_state[:, -1]

@@ -137,3 +137,36 @@ def test_one_prefill_per_prompt_gives_each_sample_the_prompts_cache(arch):
     full = torch.cat([prompt.repeat_interleave(3, 0), sampled], 1)
     full_mask = torch.cat([mask.repeat_interleave(3, 0), torch.ones_like(sampled, dtype=torch.bool)], 1)
     torch.testing.assert_close(log_probs, sequence_logprobs(lm, full, full_mask, prompt.shape[1]), atol=2e-5, rtol=0)
+
+
+@pytest.mark.parametrize("num_samples", [1, 3])
+@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+def test_the_kv_cache_is_sized_once(arch, num_samples):
+    """6. The loop's KV cache is one ``StaticCache`` of prompt + ``max_new_tokens`` positions, repeated for the
+    samples once after the prefill and written in place by every step (no per-step ``torch.cat``); a model
+    without static-cache support grows a ``DynamicCache`` instead, with the same greedy tokens."""
+    from transformers import StaticCache
+
+    lm = _tiny_lm(arch)
+    prompt, mask = _left_padded_prompts(lm.config.vocab_size, pad=1)
+    seen = []
+
+    def recording(module, args, kwargs, out):
+        cache = out.get("cache", None) or out.past_key_values
+        seen.append((cache, cache.layers[0].keys.data_ptr(), tuple(cache.layers[0].keys.shape)))
+
+    lm_trunk_and_head(lm)[0].register_forward_hook(recording, with_kwargs=True)
+    kw = {"eos_token_id": -1, "pad_token_id": 1, "max_new_tokens": 6, "do_sample": False, "num_samples": num_samples}
+    static, _, _ = sample_with_cache(lm, prompt, mask, **kw)
+    caches, pointers, shapes = zip(*seen)
+    assert len(seen) == 6 and all(c is caches[0] for c in caches) and isinstance(caches[0], StaticCache)
+    assert len(set(pointers[1:])) == 1                          # the decode steps write into one buffer
+    assert set(shapes[1:]) == {(3 * num_samples, shapes[0][1], 7 + 6, shapes[0][3])}  # [B, heads, P + T, d]
+    seen.clear()
+    type(lm)._can_compile_fullgraph, saved = False, type(lm)._can_compile_fullgraph
+    try:
+        dynamic, _, _ = sample_with_cache(lm, prompt, mask, **kw)
+    finally:
+        type(lm)._can_compile_fullgraph = saved
+    assert not isinstance(seen[-1][0], StaticCache) and seen[-1][2][2] == 7 + 5  # grown step by step
+    assert torch.equal(static, dynamic)
