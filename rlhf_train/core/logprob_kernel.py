@@ -311,4 +311,7 @@ def head_logprobs_and_entropy(hidden: Tensor, weight: Tensor, bias: Tensor | Non
     gradient in its own dtype. Any device: on CPU the blocks fit the cache, on an accelerator they are
     larger (:data:`_ACCELERATOR_BLOCK_FACTOR`). Under autocast the caller turns it off around this
     function (its matmuls write into float buffers of their own)."""
+    if not torch.is_grad_enabled():  # a scoring pass: inputs that require grad (a policy's weights) keep no [V, N]
+        hidden, weight = hidden.detach(), weight.detach()
+        bias = bias.detach() if bias is not None else None
     return _HeadLogProbsAndEntropy.apply(hidden, weight, bias, labels, float(temperature), bool(with_entropy))

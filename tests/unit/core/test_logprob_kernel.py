@@ -11,6 +11,13 @@
 3. ``generation.hf_generate.InverseCDFSampler`` samples from ``softmax(process_logits(scores))``
    (chi-square test on a small vocabulary), never draws a token that top-k removed, and records the
    log-probs of its draws.
+4. The policy's own passes take the fused head kernel for a Llama with a tied head (SmolLM2's layout: the
+   head's weight is the input embedding), an untied Llama and a GPT-2 (tied): the update's forward with
+   gradients and the no-grad scoring pass (the reference's) call ``head_logprobs_and_entropy``; the
+   log-probs, entropies and every parameter's gradient (the tied weight's: embedding + head) equal the plain
+   path's (the LM's own ``[B, T, V]`` logits, ``log_softmax``); no op of the no-grad pass writes more than
+   one vocabulary block of logits, and the pass with gradients keeps one ``[V, N]`` buffer (its blocks'
+   exponentials), never the ``[N, V]`` logits, their softmax or their gradient.
 
 Budget: < 10 s on 2 CPU cores. (Speed itself is measured in ``benchmarks/``, never in tests.)
 """
@@ -153,3 +160,73 @@ def test_inverse_cdf_sampler_distribution_and_log_probs():
 
     top2 = InverseCDFSampler(temperature=1.0, top_k=2)(None, scores.repeat(2000, 1)).argmax(-1)
     assert set(top2.tolist()) <= {0, 1}
+
+
+def _lm(arch: str, tied: bool):
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    kw = ({"n_layer": 2, "n_embd": 32, "n_head": 4, "n_positions": 64} if arch == "gpt2" else
+          {"num_hidden_layers": 2, "hidden_size": 32, "intermediate_size": 64, "num_attention_heads": 4,
+           "num_key_value_heads": 2, "max_position_embeddings": 64})
+    cfg = AutoConfig.for_model(arch, vocab_size=97, tie_word_embeddings=tied, **kw)
+    return AutoModelForCausalLM.from_config(cfg).eval()
+
+
+class _LogitWrites(torch.utils._python_dispatch.TorchDispatchMode):
+    """The outputs of ops over the vocabulary and the tokens (a dimension ``V``, none ``H``: logits-like, not
+    a weight or its gradient) of at least ``at_least`` elements, and the largest of all such outputs."""
+
+    def __init__(self, V: int, H: int, at_least: int):
+        super().__init__()
+        self.V, self.H, self.at_least, self.largest, self.big = V, H, at_least, 0, []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(t, torch.Tensor) and self.V in t.shape and self.H not in t.shape:
+                self.largest = max(self.largest, t.numel())
+                if t.numel() >= self.at_least:
+                    self.big.append((str(func), tuple(t.shape)))
+        return out
+
+
+@pytest.mark.parametrize("arch,tied", [("llama", True), ("llama", False), ("gpt2", True)])
+def test_policy_passes_take_the_fused_kernel_for_tied_and_untied_heads(arch, tied, small_blocks, monkeypatch):
+    from rlhf_train.models import scoring
+    from rlhf_train.models.policy import PolicyWithValue
+
+    lm = _lm(arch, tied)
+    assert (lm.get_output_embeddings().weight is lm.get_input_embeddings().weight) == tied
+    policy = PolicyWithValue(lm, None)
+    B, P, T, V = 3, 6, 5, 97
+    full = torch.randint(2, V, (B, P + T), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones(B, P + T, dtype=torch.bool)
+    mask[0, :2] = False  # a left-padded prompt
+    calls = []
+    fused = scoring.head_logprobs_and_entropy
+    monkeypatch.setattr(scoring, "head_logprobs_and_entropy", lambda *a, **k: calls.append(1) or fused(*a, **k))
+    g_lp, g_ent = torch.randn(B, T), torch.randn(B, T)
+    params = [p for p in lm.parameters()]
+
+    writes = _LogitWrites(V, 32, at_least=B * T * V // 2)
+    with writes:
+        lp, ent, _ = policy(full, mask, P, labels=full[:, P:], temperature=0.7)
+        grads = torch.autograd.grad((lp * g_lp).sum() + (ent * g_ent).sum(), params)
+    assert calls and [shape for _, shape in writes.big] == [(V, 16)]  # the one [V, N] buffer (N = 15, padded to 16)
+
+    logits = lm(input_ids=full, attention_mask=mask.long(), position_ids=(mask.cumsum(1) - 1).clamp(min=0)).logits
+    z = logits[:, P - 1:-1] / 0.7
+    lp0, ent0 = logprobs_of_labels(z, full[:, P:]), entropy_from_logits(z)
+    grads0 = torch.autograd.grad((lp0 * g_lp).sum() + (ent0 * g_ent).sum(), params)
+    torch.testing.assert_close(lp, lp0, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(ent, ent0, atol=1e-5, rtol=1e-5)
+    for (name, _), g, g0 in zip(lm.named_parameters(), grads, grads0):
+        torch.testing.assert_close(g, g0, atol=1e-5, rtol=1e-4, msg=name)
+
+    calls.clear()
+    writes = _LogitWrites(V, 32, at_least=B * T * V // 2)
+    with writes, torch.no_grad():  # the reference's scoring pass
+        ref = scoring.sequence_logprobs(lm, full, mask, P, temperature=0.7)
+    assert calls and not writes.big and writes.largest <= logprob_kernel._BLOCK_ELEMENTS
+    torch.testing.assert_close(ref, lp0.detach(), atol=1e-5, rtol=1e-5)
