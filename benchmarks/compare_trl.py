@@ -13,13 +13,14 @@ GOMP_SPINCOUNT=10000 THP_MEM_ALLOC_ENABLE=1``), for ``--rounds`` rounds: load fr
 alike. TRL runs under its defaults otherwise (those variables removed from its environment). Both sides: one
 process, fp32, ``--threads`` torch threads, random weights.
 
-Shapes (``--shapes``, comma-separated):
+Shapes (``--shapes``, comma-separated; ``benchmarks/shapes.py``):
   gpt2_1   2 layers, width 128, GPT-2's 50,257-token vocabulary, prompts ≤ 64, 50 new tokens
   gpt2_2   4 layers, width 256, prompts ≤ 48, 32 new tokens
   smollm2  SmolLM2-135M's shape (Llama, 30 layers, width 576, 9 heads / 3 KV heads, MLP 1536, vocab 49,152),
            prompts ≤ 64, 48 new tokens
 PPO: 32 rollouts per iteration, 3 epochs, minibatches of 16. GRPO: 8 prompts × 4 samples, 1 epoch, KL to a
-reference (beta 0.04), a reward model.
+reference (beta 0.04), a reward model. Both sides run the same passes: rlhf_train's side scores no reference
+responses (``ppo_iteration.py --no-reference-responses``: TRL's trainers have no reward baseline).
 
 Prints one JSON line per (shape, algorithm): both sides' median iteration time over all rounds, their
 peak RSS, and ``speedup`` = TRL / rlhf_train (``speedup_trl_cpu_settings`` likewise).
@@ -39,14 +40,11 @@ from pathlib import Path
 from rlhf_train.infra.cpu_defaults import CPU_DEFAULTS
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from shapes import ALGORITHMS, ROLLOUTS, SHAPES  # noqa: E402  (benchmarks/ is not a package)
+
 TRL_FOR = {"ppo": "1.12.0", "grpo": "1.16.0"}
 CPU_SETTINGS = CPU_DEFAULTS  # rlhf_train's (rlhf_train/infra/cpu_defaults.py)
-SHAPES = {
-    "gpt2_1": dict(arch="gpt2", layers=2, width=128, heads=4, vocab=50257, prompt_len=64, new_tokens=50),
-    "gpt2_2": dict(arch="gpt2", layers=4, width=256, heads=4, vocab=50257, prompt_len=48, new_tokens=32),
-    "smollm2": dict(arch="llama", layers=30, width=576, heads=9, kv_heads=3, intermediate=1536, vocab=49152,
-                    prompt_len=64, new_tokens=48),
-}
 
 
 def ensure_venv(root: Path, version: str) -> Path:
@@ -83,12 +81,17 @@ def shape_args(shape: dict, algo: str, a, ours: bool) -> list[str]:
     args = []
     for k, v in shape.items():
         args += [f"--{k.replace('_', '-')}", str(v)]
-    args += ["--rollouts", "32", "--threads", str(a.threads), "--warmup", str(a.warmup), "--repeats", str(a.repeats)]
+    args += ["--rollouts", str(ROLLOUTS), "--threads", str(a.threads), "--warmup", str(a.warmup),
+             "--repeats", str(a.repeats)]
+    s = ALGORITHMS[algo]
+    args += ["--epochs", str(s["epochs"]), "--minibatch", str(s["minibatch"])]
+    if ours:
+        args += ["--no-reference-responses"]  # TRL's trainers score no reference responses
     if algo == "ppo":
-        return args + ["--epochs", "3", "--minibatch", "16"]
+        return args
     # GRPO: 8 prompts x 4 samples, 1 epoch (one optimizer step over the 32), KL to a reference (beta 0.04)
-    args += ["--num-samples", "4", "--epochs", "1", "--minibatch", "32"]
-    return args + (["--algorithm", algo, "--grpo-beta", "0.04"] if ours else ["--beta", "0.04"])
+    args += ["--num-samples", str(s["num_samples"])]
+    return args + (["--algorithm", algo, "--grpo-beta", str(s["beta"])] if ours else ["--beta", str(s["beta"])])
 
 
 def main(argv=None):

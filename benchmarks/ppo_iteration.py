@@ -16,8 +16,8 @@ Prints one JSON line: ``rollout_s`` (step 1), ``generate_s`` (time inside the ge
 ``tokens_per_s`` (gen_tokens / total_s), ``peak_rss_mb``; also ``rollout_peak_rss_mb`` (the process's
 peak at the end of the first rollout, before any update), ``cpu_s`` (process CPU time of the
 iteration), the floor accounting (:mod:`flops`: ``rollout_gflop`` and ``update_gflop``, the matmul FLOPs
-of each; ``gemm_gflop_per_s``, this machine's rate on the iteration's largest GEMM, measured right after it
-in the same process; ``rollout_floor_ratio``, ``update_floor_ratio``, ``iteration_floor_ratio``: time / (FLOPs
+of each; ``gemm_gflop_per_s``, this machine's rate on the iteration's largest GEMM (the LM head of a
+minibatch), measured in the same process before the models are built (its buffers stay out of the peak RSS); ``rollout_floor_ratio``, ``update_floor_ratio``, ``iteration_floor_ratio``: time / (FLOPs
 / that rate), 1.0 = at the floor), ``update_gflop_per_s`` and ``first_ratio`` (the first
 minibatch's PPO ratio: 1). ``--warmup`` untimed iterations come first (default 1: a training run is
 many iterations); ``--repeats N`` times N iterations and prints the median one.
@@ -36,6 +36,11 @@ holds ``algorithm`` and ``num_samples``:
 
     python benchmarks/ppo_iteration.py --layers 2 --width 128 --vocab 50257 --batch 4 \\
         --new-tokens 50 --rollouts 32 --epochs 3 --minibatch 16 --algorithm grpo --num-samples 4
+
+``--shape NAME`` takes a shape of ``benchmarks/shapes.py`` with ``compare_trl.py``'s settings for
+``--algorithm`` (``--shape smollm2 --algorithm grpo``: SmolLM2-135M's shape, 8 prompts × 4 samples, 1 epoch,
+β 0.04); ``--no-reference-responses`` leaves the prompts without reference continuations (no baseline pass of
+the reward model: what TRL's trainers run; ``--shape`` implies it).
 """
 from __future__ import annotations
 
@@ -57,6 +62,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import flops  # noqa: E402  (benchmarks/ is not a package)
+from shapes import ALGORITHMS, SHAPES  # noqa: E402
 
 from rlhf_train.compat.torchrl import to_torchrl  # noqa: E402
 
@@ -204,10 +210,13 @@ class RLHFTrainBenchmark:
                  prompt_len: int = 64, new_tokens: int = 50, rollouts: int = 32, epochs: int = 3,
                  minibatch: int = 16, threads: int = 2, seed: int = 0,
                  max_iterations: int = 16, algorithm: str = "ppo", num_samples: int = 1, extra=(),
-                 arch: str = "gpt2", kv_heads: int = 3, intermediate: int = 1536):
+                 arch: str = "gpt2", kv_heads: int = 3, intermediate: int = 1536, reference_responses: bool = True):
         torch.set_num_threads(threads)
         if rollouts % num_samples:
             raise ValueError(f"--rollouts {rollouts} must be a multiple of --num-samples {num_samples}")
+        # the floor's GEMM rate, measured once before anything is built: its buffers (~1 GB at SmolLM2's shape)
+        # would otherwise raise the process's peak RSS above the iteration's own, which is the one reported
+        self.gemm_rate = flops.gemm_gflop_per_s(width, vocab, minibatch * new_tokens)
         self.rollouts, self.num_samples = rollouts, num_samples
         self.cfg = compose_config(layers=layers, width=width, heads=heads, vocab=vocab, prompt_len=prompt_len,
                                   new_tokens=new_tokens, rollouts=rollouts, epochs=epochs, minibatch=minibatch,
@@ -217,7 +226,8 @@ class RLHFTrainBenchmark:
                                                                  vocab))
         tokenizer = StandInTokenizer(vocab)
         self.run_, self.train_state = build(self.cfg, tokenizer)
-        add_reference_continuations(self.run_.dataset, new_tokens, vocab, tokenizer.eos_token_id, seed)
+        if reference_responses:  # the reward model scores them too: the baseline (torchrl's labels)
+            add_reference_continuations(self.run_.dataset, new_tokens, vocab, tokenizer.eos_token_id, seed)
         self.order = torch.randperm(len(self.run_.dataset), generator=torch.Generator().manual_seed(seed))
         self.iterations = 0
 
@@ -249,10 +259,7 @@ class RLHFTrainBenchmark:
         r = one_iteration(self.run_, self.train_state, prompts)
         run, update = self.run_, self.run_.decisions.update
         policy_lm = run.accelerator.unwrap_model(run.policy).lm
-        shape = flops.shape_of(policy_lm)
         td = to_torchrl(r["rollout"])  # the flop counts read torchrl's keys
-        T = td["masks", "response"].shape[1]
-        self.gemm_rate = flops.gemm_gflop_per_s(shape["d"], shape["V"], update.minibatch_size * T)
         if k == 0:  # before any update: setup + one rollout
             self.first_rollout_rss = r["rollout_peak_rss_mb"]
         backend, reference = run.rollout.backend, run.rollout.reference
@@ -301,7 +308,7 @@ def run_rlhf_train_iteration(*, layers: int = 2, width: int = 128, heads: int = 
                              epochs: int = 3, minibatch: int = 16, threads: int = 2, seed: int = 0,
                              warmup: int = 1, repeats: int = 1, algorithm: str = "ppo",
                              num_samples: int = 1, extra=(), arch: str = "gpt2", kv_heads: int = 3,
-                             intermediate: int = 1536) -> dict:
+                             intermediate: int = 1536, reference_responses: bool = True) -> dict:
     """Build everything, run ``warmup`` untimed iterations, then time ``repeats`` more; returns the JSON
     dict of the median one (by ``total_s``).
 
@@ -312,7 +319,7 @@ def run_rlhf_train_iteration(*, layers: int = 2, width: int = 128, heads: int = 
                                new_tokens=new_tokens, rollouts=rollouts, epochs=epochs, minibatch=minibatch,
                                threads=threads, seed=seed, max_iterations=warmup + repeats,
                                algorithm=algorithm, num_samples=num_samples, extra=extra, arch=arch,
-                               kv_heads=kv_heads, intermediate=intermediate)
+                               kv_heads=kv_heads, intermediate=intermediate, reference_responses=reference_responses)
     for _ in range(warmup):
         bench.run()
     runs = [bench.run() for _ in range(repeats)]
@@ -346,18 +353,34 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--grpo-beta", type=float, default=None, help="algorithm.beta (GRPO's KL in the loss; 0: no reference)")
     p.add_argument("--override", action="append", default=[],
                    help="an extra Hydra override, e.g. generation=hf_generate (repeatable)")
+    p.add_argument("--no-reference-responses", action="store_true",
+                   help="no reference continuations: the reward model scores the responses alone (as TRL)")
+    p.add_argument("--shape", choices=sorted(SHAPES), default=None,
+                   help="a shape of benchmarks/shapes.py with compare_trl.py's settings for --algorithm "
+                        "(replaces the shape, epoch, minibatch, sample and beta flags; no reference responses)")
     return p
+
+
+def apply_shape(a) -> None:
+    """``--shape``: the named shape and ``--algorithm``'s settings, as ``compare_trl.py`` runs them."""
+    if a.shape is None:
+        return
+    for key, value in {**SHAPES[a.shape], **ALGORITHMS.get(a.algorithm, {})}.items():
+        setattr(a, "grpo_beta" if key == "beta" else key, value)
+    a.no_reference_responses = True
 
 
 def main(argv=None):
     a = parser().parse_args(argv)
+    apply_shape(a)
     print(json.dumps(run_rlhf_train_iteration(
         layers=a.layers, width=a.width, heads=a.heads, vocab=a.vocab, prompt_len=a.prompt_len, batch=a.batch,
         new_tokens=a.new_tokens, rollouts=a.rollouts, epochs=a.epochs, minibatch=a.minibatch, threads=a.threads,
         seed=a.seed, warmup=a.warmup, repeats=a.repeats, algorithm=a.algorithm,
         num_samples=a.num_samples,
         extra=([f"algorithm.beta={a.grpo_beta}"] if a.grpo_beta is not None else []) + a.override,
-        arch=a.arch, kv_heads=a.kv_heads, intermediate=a.intermediate)))
+        arch=a.arch, kv_heads=a.kv_heads, intermediate=a.intermediate,
+        reference_responses=not a.no_reference_responses)))
 
 
 if __name__ == "__main__":
