@@ -128,7 +128,10 @@ def test_help_says_how_to_run_and_lists_recipes_and_groups():
     # every config group with exactly its option files (the selected one starred), no schema entries
     lines = _section(text, "Config groups")
     names = [i for i, line in enumerate(lines) if line.startswith("  ") and line[2] != " "]
-    listed = {lines[i].split()[0]: {o.strip().rstrip("*") for o in lines[i + 1].split(",")} for i in names}
+    # each group: its name and one-line description, then its options (over one or more lines)
+    ends = [*names[1:], len(lines)]
+    listed = {lines[i].split()[0]: {o.strip().rstrip("*") for o in " ".join(lines[i + 1:end]).split(",") if o.strip()}
+              for i, end in zip(names, ends)}
     defaults = yaml.safe_load((CONF / "config.yaml").read_text())["defaults"]
     groups = [g for d in defaults if isinstance(d, dict) for g in d if not g.startswith("override ")]
     assert listed == {g: {p.stem for p in (CONF / g).glob("*.yaml")} for g in groups}
