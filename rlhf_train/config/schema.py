@@ -16,6 +16,9 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
 from rlhf_train.algorithms.configs import AlgorithmConfig, UpdateConfig
+from rlhf_train.tasks.arithmetic.schema import ArithmeticDataSchema  # data=arithmetic (each task holds its own)
+from rlhf_train.tasks.gsm8k.schema import GSM8KDataSchema  # data=gsm8k
+from rlhf_train.config.env_schemas import register as register_env_schemas
 
 
 # ---------------------------------------------------------------- models
@@ -181,15 +184,6 @@ class StaticCacheGenerationSchema:  # conf/generation/static_cache.yaml -> gener
     compile: Optional[bool] = None  # None: on CUDA
     cache_multiple: int = 64
     check_every: int = 8
-
-
-@dataclass
-class EnvSchema:  # conf/env/*.yaml -> rlhf_train.envs.base.env_spec (the multi-turn rollout's environment)
-    _target_: Optional[str] = None  # None: no environment (one prompt, one completion)
-    max_turns: int = 4
-    max_tokens: int = 1024
-    weight: float = 1.0
-    kwargs: Dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -382,9 +376,11 @@ def register_configs() -> None:
     cs.store(group="data", name="synthetic_schema", node=SyntheticDataSchema)
     cs.store(group="data", name="tldr_schema", node=TldrDataSchema)
     cs.store(group="data", name="prompts_schema", node=PromptsDataSchema)
+    cs.store(group="data", name="arithmetic_schema", node=ArithmeticDataSchema)
+    cs.store(group="data", name="gsm8k_schema", node=GSM8KDataSchema)
     cs.store(group="rollout", name="rollout_schema", node=RolloutSchema)
     cs.store(group="generation", name="static_cache_schema", node=StaticCacheGenerationSchema)
-    cs.store(group="env", name="env_schema", node=EnvSchema)
+    register_env_schemas(cs)  # env, data=guess_number, data=calculator (rlhf_train/config/env_schemas.py)
     cs.store(group="update", name="update_schema", node=UpdateConfig)  # the typed section the update reads
     cs.store(group="algorithm", name="algorithm_schema", node=AlgorithmConfig)  # estimator, loss variant, KL place
     cs.store(group="optimizer", name="optimizer_schema", node=OptimizerSchema)

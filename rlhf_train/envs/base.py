@@ -16,7 +16,10 @@ reward (``None``: none) is summed over the episode into one score, the ``env`` r
 ``env.weight``, logged as ``reward/env``), summed with the other reward sources by weight; a step's ``info`` may
 count ``tool_calls`` and ``tool_errors`` (logged as ``env/tool_calls``, ``env/tool_errors``). Limits
 (:class:`EnvSpec`): ``env.max_turns`` assistant turns and ``env.max_tokens`` tokens after the first prompt
-(assistant and environment tokens); an episode that reaches one ends, counted in ``env/truncated_episodes``.
+(assistant and environment tokens); an episode that reaches one ends, counted in ``env/truncated_episodes``. An
+episode a limit ended before any step gave a reward (its first turn cut without EOS) is paid
+``env.truncated_reward`` (``None``: no reward, the row is left out as a reward function's ``None``; a game that
+counts a cut turn as a loss sets 0).
 
 A new environment: a class with ``reset`` and ``step`` in any importable module (or ``rlhf_train/envs/<name>.py``),
 named by ``env._target_`` (or a ``conf/env/<name>.yaml`` selected by ``env=<name>``), its constructor's keyword
@@ -63,6 +66,7 @@ class EnvSpec:
     max_tokens: int  # tokens after the first prompt (assistant + environment) at most
     weight: float  # the episode reward's weight in the sum of reward sources
     target: str  # ``env._target_``, named in messages
+    truncated_reward: float | None = None  # the reward of an episode a limit ended before any step paid (None: none)
 
 
 def tools_of(env: Environment) -> list[Callable] | None:
@@ -85,9 +89,13 @@ def env_spec(node: Any) -> EnvSpec | None:
         value = node.get(key)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ConfigError(f"env.{key}={value!r}: set it to a whole number >= 1")
-    weight = node.get("weight", 1.0)
+    weight, truncated = node.get("weight", 1.0), node.get("truncated_reward")
     if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight):
         raise ConfigError(f"env.weight={weight!r} is not a finite number: set it to a float such as 1.0")
+    if truncated is not None and (isinstance(truncated, bool) or not isinstance(truncated, (int, float))
+                                  or not math.isfinite(truncated)):
+        raise ConfigError(f"env.truncated_reward={truncated!r} is not a finite number: set a float such as 0.0, "
+                          f"or null")
     try:  # through Hydra's instantiate (a partial, nothing called): its target policy applies here too
         cls = instantiate({"_target_": target, "_partial_": True}).func
     except Exception as err:
@@ -96,7 +104,8 @@ def env_spec(node: Any) -> EnvSpec | None:
     if not callable(cls):
         raise ConfigError(f"env._target_={target} is not callable: name an environment class or a factory")
     kwargs = OmegaConf.to_container(node.kwargs, resolve=True) if node.get("kwargs") else {}
-    return EnvSpec(functools.partial(cls, **kwargs), int(node.max_turns), int(node.max_tokens), float(weight), target)
+    return EnvSpec(functools.partial(cls, **kwargs), int(node.max_turns), int(node.max_tokens), float(weight), target,
+                   None if truncated is None else float(truncated))
 
 
 def new_env(spec: EnvSpec) -> Environment:

@@ -11,13 +11,15 @@ from rlhf_train.infra.errors import ConfigError
 
 
 def check_env_config(cfg: Any) -> None:
-    """``env`` set: its keys (:func:`~rlhf_train.envs.base.env_spec`), and no held-out ``evaluation`` (its
-    decoding is single-turn: it would score one completion, not an episode)."""
+    """``env`` set: its keys (:func:`~rlhf_train.envs.base.env_spec`), and no pipeline evaluation stage (its
+    before/after evaluation decodes single completions; the RL loop's held-out evaluation, ``stage=rl``, plays
+    episodes)."""
     spec = env_spec(cfg.get("env"))
     e = cfg.get("evaluation")
-    if spec is not None and e is not None and e.get("enabled", True):
-        raise ConfigError(f"env._target_={spec.target} with evaluation={e.get('split', 'set')}: the held-out evaluation "
-                          f"plays no episodes (it would score single completions); set evaluation=null")
+    if spec is not None and cfg.get("stage") == "pipeline" and e is not None and e.get("enabled", True):
+        raise ConfigError(f"env._target_={spec.target} with stage=pipeline: the pipeline's evaluation stage scores "
+                          f"single completions, not episodes; run stage=rl with the evaluation group (it plays "
+                          f"held-out episodes at iteration 0 and after the last) or set evaluation.enabled=false")
 
 
 def check_env_built(cfg: Any, tokenizer: Any, policy: Any, dataset: Any) -> None:

@@ -43,7 +43,7 @@ def check_config(cfg: DictConfig) -> None:
     check_stack(cfg)
     check_data(cfg)
     check_evaluation(cfg)
-    check_env_config(cfg)  # env: its keys; no held-out evaluation of episodes yet
+    check_env_config(cfg)  # env: its keys; not the pipeline's evaluation stage (single completions)
 
 
 def check_evaluation(cfg: DictConfig) -> None:

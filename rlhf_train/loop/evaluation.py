@@ -16,6 +16,13 @@ share of completions scored ≥ ``evaluation.accuracy_threshold``) and, sampled,
 unbiased estimator, each k of ``evaluation.pass_k``) and ``mean@n``; and ``eval/<mode>/completion_length`` (mean
 tokens). The math is :mod:`rlhf_train.core.eval_metrics`.
 
+With an environment (``env``), each held-out prompt starts ``evaluation.num_samples`` episodes (greedy: one),
+played to their ends as in training (:class:`~rlhf_train.rollout.episodes.EpisodePlayer`, token in, token out) with
+the same backends; the environment's summed reward is the source ``env`` (``eval/<mode>/env/accuracy``: the share
+of episodes whose reward reached ``evaluation.accuracy_threshold``, the success rate), every other source scores
+the whole episode, ``completion_length`` counts the tokens the policy sampled, and the episodes' ``env/...``
+metrics come as ``eval/<mode>/env/turns`` and so on.
+
 The RL loop evaluates with :class:`HeldOutEval` when ``evaluation`` is set and enabled (``stage=rl``; the
 pipeline's RL stage only with ``evaluation.every`` > 0): before the first iteration (a fresh run), every
 ``evaluation.every`` iterations and after the last. It draws its randomness inside a forked RNG (torch's CPU and
@@ -35,7 +42,9 @@ from omegaconf import DictConfig, OmegaConf
 from rlhf_train.core.containers import response_mask_from_tokens
 from rlhf_train.core.eval_metrics import accuracy, is_correct, mean_at_k, nan_mean, pass_at_k
 from rlhf_train.infra.errors import instantiate_or_config_error
+from rlhf_train.envs.base import EpisodeRewards
 from rlhf_train.rewards.sources import RewardFunctionError, Sequences, weighted_sum
+from rlhf_train.rollout.episodes import EpisodePlayer, episode_metrics, episode_tensors
 from rlhf_train.rollout.rollout_from_model import prompt_tensors, special_ids
 
 log = logging.getLogger(__name__)
@@ -88,6 +97,23 @@ def generate_and_score(backend, sources: dict, batch: dict, num_samples: int, eo
     return {"parts": {name: parts[name].float().cpu() for name in sources}, "length": response_mask.sum(-1).cpu()}
 
 
+@torch.no_grad()
+def play_and_score(player: EpisodePlayer, backend, sources: dict, batch: dict, num_samples: int) -> dict:
+    """:func:`generate_and_score` for an environment: ``num_samples`` episodes per prompt of ``batch`` played with
+    ``backend``, the episodes' rewards loaded into the ``env`` source, every source scoring the whole episodes:
+    ``{"parts", "length"}`` as there (the length: the tokens the policy sampled) and ``"episodes"``."""
+    episodes, _ = player.play_batch(backend, batch, num_samples)
+    t = episode_tensors(episodes, player.pad_token_id, batch["input_ids"].device)
+    for source, _ in sources.values():
+        if isinstance(source, EpisodeRewards):
+            source.load(t["reward"])
+    full_mask = torch.cat([t["prompt_mask"], t["response_mask"]], 1)
+    seqs = Sequences(t["full"], full_mask, t["prompt_mask"].shape[1], repeat_columns(batch, len(episodes)))
+    _, parts = weighted_sum(sources, seqs)
+    return {"parts": {name: parts[name].float().cpu() for name in sources},
+            "length": t["assistant_mask"].sum(-1).cpu(), "episodes": episodes}
+
+
 def held_out_metrics(mode: str, parts: dict[str, torch.Tensor], lengths: torch.Tensor, num_samples: int,
                      functions: set[str], threshold: float = 1.0, pass_k: list[int] | None = None) -> dict[str, float]:
     """The ``eval/<mode>/...`` metrics of one decoding mode from each source's scores ``[P · n]`` (the ``n =
@@ -108,9 +134,10 @@ def held_out_metrics(mode: str, parts: dict[str, torch.Tensor], lengths: torch.T
 
 
 def evaluate_held_out(backends: dict, sources: dict, prompts, e: DictConfig, eos_token_ids,
-                      pad_token_id: int) -> tuple[dict[str, float], dict[str, dict]]:
+                      pad_token_id: int, player: EpisodePlayer | None = None) -> tuple[dict[str, float], dict[str, dict]]:
     """Decode ``prompts`` with each backend of ``backends`` (``{"sampled" | "greedy": backend}``) and score:
-    ``(metrics, {mode: {"parts": ..., "length": ...}})``, every row kept."""
+    ``(metrics, {mode: {"parts": ..., "length": ...}})``, every row kept. ``player``: play episodes of its
+    environment instead (module docstring)."""
     from torch.utils.data import DataLoader
 
     from rlhf_train.data.prompts import collate
@@ -121,11 +148,15 @@ def evaluate_held_out(backends: dict, sources: dict, prompts, e: DictConfig, eos
         n = e.num_samples if mode == "sampled" else 1
         if mode == "sampled":
             torch.manual_seed(e.seed)  # the same samples for every policy evaluated
-        outs = [generate_and_score(backend, sources, batch, n, eos_token_ids, pad_token_id) for batch in loader]
+        outs = [generate_and_score(backend, sources, batch, n, eos_token_ids, pad_token_id) if player is None
+                else play_and_score(player, backend, sources, batch, n) for batch in loader]
         parts = {name: torch.cat([o["parts"][name] for o in outs]) for name in sources}
         rows[mode] = {"parts": parts, "length": torch.cat([o["length"] for o in outs])}
         metrics.update(held_out_metrics(mode, parts, rows[mode]["length"], n, functions, e.accuracy_threshold,
                                         list(e.pass_k)))
+        if player is not None:
+            episodes = [ep for o in outs for ep in o["episodes"]]
+            metrics.update({f"eval/{mode}/{k}": v for k, v in episode_metrics(episodes).items()})
     return metrics, rows
 
 
@@ -161,8 +192,10 @@ def isolated_rng():
 
 
 def summary_line(metrics: dict[str, float]) -> str:
-    """The metrics in one line: accuracies, pass@k and completion lengths (every metric when none of these)."""
-    keys = [k for k in metrics if k.endswith(("/accuracy", "/completion_length")) or "/pass@" in k] or list(metrics)
+    """The metrics in one line: accuracies, pass@k, completion lengths and episodes' turns (every metric when none
+    of these)."""
+    keys = [k for k in metrics if k.endswith(("/accuracy", "/completion_length", "/env/turns")) or "/pass@" in k]
+    keys = keys or list(metrics)
     return ", ".join(f"{k[len('eval/'):]} {metrics[k]:.3f}" for k in keys)
 
 
@@ -176,6 +209,8 @@ class HeldOutEval:
         self.every, self.last = int(self.e.every), int(cfg.trainer.num_iterations)
         self.eos, self.pad = special_ids(acc.unwrap_model(run.policy).lm, run.tokenizer)
         self.backends = build_backends(cfg, run.policy, self.eos, self.pad, run.decisions.sampling, acc.unwrap_model)
+        env = getattr(run.rollout, "env", None)  # an environment's episodes (MultiTurnRollout), else completions
+        self.player = EpisodePlayer(env, run.tokenizer, self.eos, self.pad) if env is not None else None
 
     @classmethod
     def build(cls, run) -> HeldOutEval | None:
@@ -205,7 +240,7 @@ class HeldOutEval:
         try:
             with full_weights(policy, acc), isolated_rng():
                 metrics, _ = evaluate_held_out(self.backends, self.run.rollout.reward_sources, self.prompts, self.e,
-                                               self.eos, self.pad)
+                                               self.eos, self.pad, self.player)
         except RewardFunctionError as err:  # the evaluation is lost, the training goes on
             log.warning("[rlhf_train] held-out evaluation at iteration %d skipped: %s", iteration, err)
             metrics = {}

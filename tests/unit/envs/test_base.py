@@ -24,7 +24,7 @@ def test_env_none_is_no_environment_and_a_target_is_an_env_spec():
 
 @pytest.mark.parametrize("override, words", [
     ("env.max_turns=0", "env.max_turns=0"), ("env.max_tokens=-1", "env.max_tokens=-1"),
-    ("env._target_=no_such_module.Env", "cannot be imported"),
+    ("env._target_=no_such_module.Env", "cannot be imported"), ("env.truncated_reward=inf", "env.truncated_reward=inf"),
 ])
 def test_bad_env_values_are_one_line(override, words):
     with pytest.raises(ConfigError, match=words):
@@ -38,9 +38,10 @@ def test_an_env_that_cannot_be_built_or_has_no_step_is_one_line():
         new_env(env_spec(compose(["env._target_=builtins.dict"]).env))
 
 
-def test_env_with_the_held_out_evaluation_is_refused():
-    with pytest.raises(ConfigError, match="set evaluation=null"):
-        check_env_config(compose([SCRIPTED, "evaluation=verifiable"]))
+def test_env_with_the_pipeline_evaluation_stage_is_refused_and_the_rl_loops_evaluation_is_not():
+    with pytest.raises(ConfigError, match="stage=pipeline: the pipeline's evaluation stage scores single completions"):
+        check_env_config(compose([SCRIPTED, "evaluation=verifiable", "stage=pipeline"]))
+    check_env_config(compose([SCRIPTED, "evaluation=verifiable", "stage=rl"]))  # plays held-out episodes
     check_env_config(compose([SCRIPTED]))
 
 
