@@ -131,19 +131,48 @@ class ScriptedBackend:
         return Generation(response, torch.full(response.shape, -1.0), None)
 
 
-def save_eos_llama(path, tok, eos_logit: float = 5.0, seed: int = 0):
+def save_eos_llama(path, tok, eos_logit: float = 5.0, seed: int = 0, favour: tuple[str, ...] = (),
+                   favour_logit: float = 4.0, favour_embedding: float = 0.0, **config):
     """A tiny random Llama saved with ``tok`` to ``path`` (a plain model dir) whose turns end within a few tokens:
     every token's embedding shares one direction ``u`` that dominates the final hidden state, and the EOS row of the
-    LM head points along ``u`` (its logit is about ``eos_logit``, the others about 0): no LM-head bias needed."""
+    LM head points along ``u`` (its logit is about ``eos_logit``, the others about 0): no LM-head bias needed.
+    ``favour``: tokens (single-token strings) whose rows point along ``u`` too, with a logit of about
+    ``favour_logit``, and input embeddings that differ from each other by a random direction of norm
+    ``favour_embedding`` each; ``config``: keys of the Llama config that differ from :func:`llama_config`'s."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     torch.manual_seed(seed)
-    cfg = dict(llama_config(tok))
+    cfg = {**llama_config(tok), **config}
     model = AutoModelForCausalLM.from_config(AutoConfig.for_model(cfg.pop("model_type"), **cfg))
     with torch.no_grad():
         u = torch.nn.functional.normalize(torch.randn(cfg["hidden_size"]), dim=0)
         model.get_input_embeddings().weight.add_(u)
-        model.get_output_embeddings().weight[tok.eos_token_id] = u * eos_logit / cfg["hidden_size"] ** 0.5
+        head = model.get_output_embeddings().weight
+        head[tok.eos_token_id] = u * eos_logit / cfg["hidden_size"] ** 0.5
+        for token in favour:
+            head[tok.convert_tokens_to_ids(token)] = u * favour_logit / cfg["hidden_size"] ** 0.5
+            v = torch.nn.functional.normalize(torch.randn(cfg["hidden_size"]), dim=0)
+            model.get_input_embeddings().weight[tok.convert_tokens_to_ids(token)] += favour_embedding * v
     model.save_pretrained(path)
     tok.save_pretrained(path)
     return path
+
+
+class Secret:
+    """Only the second turn can win, and only with what the first turn told: whatever the policy says first, the
+    environment tells it a secret (the row's ``secret``, a one-token word); the episode ends at the second turn,
+    paid 1.0 when that answer starts with the secret, else 0.0. A policy that ignores the conversation wins at most
+    1 / (number of secrets) of the games."""
+
+    def __init__(self, repeat: int = 1):
+        self.repeat = repeat  # the secret is said this many times (a louder signal for a tiny model)
+
+    def reset(self, row):
+        self.secret, self.turn = str(row["secret"]), 0
+        return [{"role": "user", "content": "Say hi."}]
+
+    def step(self, message):
+        self.turn += 1
+        if self.turn == 1:
+            return [{"role": "user", "content": "Secret: " + " ".join([self.secret] * self.repeat)}], None, {}
+        return None, float(message["content"].strip().startswith(self.secret)), {}

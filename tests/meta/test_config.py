@@ -45,10 +45,13 @@ def is_hub_name(value) -> bool:
 def standins(cfg) -> list[str]:
     """Overrides that replace the hub-only pieces of a composed config with tiny local ones."""
     out = []
-    # a hub tokenizer, or none (null: the policy's own, which is a hub model or built from config here)
-    if "pretrained" in cfg.tokenizer and (not cfg.tokenizer.pretrained or is_hub_name(cfg.tokenizer.pretrained)):
-        out.append("tokenizer=movie_reviews_bpe")
+    # a hub tokenizer, or none (null: the policy's own, which is a hub model or built from config here); an
+    # environment's episodes are chats: a local policy (a pkg:// GGUF) keeps its own tokenizer and chat template
     policy = cfg.policy
+    own = (cfg.get("env") or {}).get("_target_") and policy.get("pretrained") and not is_hub_name(policy.pretrained)
+    if "pretrained" in cfg.tokenizer and (not cfg.tokenizer.pretrained or is_hub_name(cfg.tokenizer.pretrained)) \
+            and not own:
+        out.append("tokenizer=movie_reviews_bpe")
     if is_hub_name(policy.get("pretrained")) or not (policy.get("pretrained") or policy.get("config")):
         out += ["policy=tiny_gpt2", "policy.pretrained=null"]  # a hub model, or one an earlier stage makes
     if is_hub_name(cfg.ref_model.get("pretrained")):
@@ -175,6 +178,10 @@ def test_group_option_composes(group, option, tokenizer, tmp_path):
         if node.get("dataset") and is_hub_name(node.dataset):
             pytest.skip("a hub dataset: tests never touch the network")
         kwargs = {k: v for k, v in node.items() if k not in ("batch_size", "num_workers")}
+        if node._target_.startswith("rlhf_train.envs."):  # an environment's prompts are chats: a chat template
+            from tests.helpers.envs import chatml_tokenizer
+
+            tokenizer = chatml_tokenizer()
         data = instantiate(kwargs, tokenizer=tokenizer)
         assert len(data) >= node.batch_size and data[0]["input_ids"].shape == data[0]["attention_mask"].shape
     elif group == "optimizer":
