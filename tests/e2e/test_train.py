@@ -76,7 +76,7 @@ def test_smoke_recipe_two_iterations(tmp_path):
     rows = list(csv.DictReader(open(tmp_path / "metrics.csv")))
     assert [int(r["iteration"]) for r in rows] == [1, 2]
     names = set(rows[0]) - {"iteration"}
-    namespaces = {"objective", "policy", "loss", "val", "response", "faults", "time"}
+    namespaces = {"objective", "policy", "loss", "val", "response", "completions", "reward", "update", "faults", "time"}
     assert all(n.split("/")[0] in namespaces or n == "lr" for n in names), names
     for key in ("objective/score", "objective/kl", "objective/kl_coef", "objective/reward_total", "loss/policy",
                 "loss/value", "policy/entropy", "policy/clipfrac", "val/ratio", "val/first_ratio", "response/length"):

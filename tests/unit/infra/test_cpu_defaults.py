@@ -41,7 +41,9 @@ def second_round_faults(mode: str) -> int:
 def test_freed_memory_is_reused_without_page_faults():
     plain, tuned = second_round_faults("plain"), second_round_faults("defaults")
     assert plain > 10_000  # 384 MB mapped afresh: ~100 k 4 KB pages
-    assert tuned < plain / 20
+    # far fewer (520 on a quiet machine; up to ~10 k while other processes press on memory): the freed
+    # memory is reused, not mapped afresh
+    assert tuned < plain / 5
 
 
 def test_exported_variables_win(monkeypatch):
