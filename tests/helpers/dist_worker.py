@@ -22,15 +22,16 @@ def install_probes(dump_dir: Path) -> None:
     from accelerate.optimizer import AcceleratedOptimizer
 
     from rlhf_train.loop import trainer
+    from rlhf_train.rollout.multi_turn import MultiTurnRollout
     from rlhf_train.rollout.rollout_from_model import RolloutFromModel
 
     record: dict = {"prompts": [], "local_metrics": [], "reduced_metrics": [], "first_grad": None}
 
-    rollout_call = RolloutFromModel.__call__
-
-    def probed_rollout(self, batch, *args, **kwargs):
-        record["prompts"].append(batch["index"].detach().cpu().clone())
-        return rollout_call(self, batch, *args, **kwargs)
+    def probed_call(call):
+        def probed_rollout(self, batch, *args, **kwargs):
+            record["prompts"].append(batch["index"].detach().cpu().clone())
+            return call(self, batch, *args, **kwargs)
+        return probed_rollout
 
     reduce_metrics = trainer.reduce_metrics
 
@@ -58,7 +59,8 @@ def install_probes(dump_dir: Path) -> None:
         torch.save(record, dump_dir / f"rank{rank}.pt")
         return out
 
-    RolloutFromModel.__call__ = probed_rollout
+    for cls in (RolloutFromModel, MultiTurnRollout):  # (MultiTurnRollout's own __call__: episodes)
+        cls.__call__ = probed_call(cls.__call__)
     trainer.reduce_metrics = probed_reduce  # the name train() calls
     AcceleratedOptimizer.step = probed_step
     trainer.train = probed_train  # rlhf_train.pipeline.stages imports it at call time
