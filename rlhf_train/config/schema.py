@@ -16,6 +16,8 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
 from rlhf_train.algorithms.configs import AlgorithmConfig, UpdateConfig
+from rlhf_train.tasks.arithmetic.schema import ArithmeticDataSchema  # data=arithmetic (each task holds its own)
+from rlhf_train.tasks.gsm8k.schema import GSM8KDataSchema  # data=gsm8k
 from rlhf_train.config.env_schemas import register as register_env_schemas
 
 
@@ -374,6 +376,8 @@ def register_configs() -> None:
     cs.store(group="data", name="synthetic_schema", node=SyntheticDataSchema)
     cs.store(group="data", name="tldr_schema", node=TldrDataSchema)
     cs.store(group="data", name="prompts_schema", node=PromptsDataSchema)
+    cs.store(group="data", name="arithmetic_schema", node=ArithmeticDataSchema)
+    cs.store(group="data", name="gsm8k_schema", node=GSM8KDataSchema)
     cs.store(group="rollout", name="rollout_schema", node=RolloutSchema)
     cs.store(group="generation", name="static_cache_schema", node=StaticCacheGenerationSchema)
     register_env_schemas(cs)  # env, data=guess_number, data=calculator (rlhf_train/config/env_schemas.py)

@@ -55,8 +55,9 @@ def load_in_memory(*args, **kwargs):
         return datasets.load_dataset(*args, cache_dir=scratch, keep_in_memory=True, **kwargs)
 
 
-def load_hf_dataset(name: str, split: str):
-    """``datasets.load_dataset`` (or ``load_from_disk`` for a saved dir) that fails fast when offline."""
+def load_hf_dataset(name: str, split: str, config: str | None = None):
+    """``datasets.load_dataset`` (or ``load_from_disk`` for a saved dir) that fails fast when offline;
+    ``config``: the hub dataset's configuration (``openai/gsm8k``'s ``main``)."""
     import datasets
 
     path = os.path.expanduser(name)
@@ -70,18 +71,18 @@ def load_hf_dataset(name: str, split: str):
         except Exception as err:  # e.g. a dir with no data files datasets can read
             raise ConfigError(f"cannot load dataset '{name}' (split '{split}'): {type(err).__name__}: "
                               f"{str(err)[:200]}") from None
+    call = f"datasets.load_dataset('{name}'{f', {config!r}' if config else ''}).save_to_disk(DIR)"
     if not _hub_reachable() and not _in_datasets_cache(name):
         raise ConfigError(
             f"cannot load dataset '{name}' (split '{split}'): no network and not in the local datasets cache. "
-            f"Save it with `datasets.load_dataset(...).save_to_disk(DIR)` on a machine with network access and "
-            f"set data.dataset=DIR")
+            f"Save it with `{call}` on a machine with network access and set data.dataset=DIR")
     try:
-        return datasets.load_dataset(name, split=split, download_mode="reuse_cache_if_exists")
+        return datasets.load_dataset(name, config, split=split, download_mode="reuse_cache_if_exists")
     except Exception as err:  # offline, or unknown name
         raise ConfigError(
             f"cannot load dataset '{name}' (split '{split}'): not a local path and not reachable/cached "
-            f"({type(err).__name__}). Save it with `datasets.load_dataset(...).save_to_disk(DIR)` on a machine "
-            f"with network access and set data.dataset=DIR"
+            f"({type(err).__name__}). Save it with `{call}` on a machine with network access and set "
+            f"data.dataset=DIR"
         ) from None
 
 

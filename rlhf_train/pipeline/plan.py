@@ -106,9 +106,9 @@ def preflight(cfg: DictConfig, plan: dict) -> None:
             check_loadable(cfg.policy.pretrained, "policy.pretrained", "policy")
         if uses_reward_model(cfg) and cfg.reward_model.pretrained:
             check_loadable(cfg.reward_model.pretrained, "reward_model.pretrained", "reward model")
-        if cfg.data.get("dataset"):
-            load_text_dataset(cfg.data.dataset, cfg.data.split, "data.dataset")
         check = task_hook(cfg, "evaluation.task_check") if cfg.get("evaluation") is not None else None
+        if cfg.data.get("dataset") and check is None:  # a task's check reads its own data (GSM8K: a configuration)
+            load_text_dataset(cfg.data.dataset, cfg.data.split, "data.dataset")
         if check is not None:  # the task's data options (movie reviews: data.split / data.sentiment)
             check(cfg)
     if cfg.stage == "pipeline" and cfg.evaluation.enabled:
@@ -118,7 +118,7 @@ def preflight(cfg: DictConfig, plan: dict) -> None:
         check_evaluation(cfg)  # num_samples, pass_k
         if cfg.evaluation.judge:
             task_hook(cfg, "evaluation.judge_fn")
-        if cfg.data.get("dataset"):
+        if cfg.data.get("dataset") and not cfg.evaluation.get("task_check"):
             load_text_dataset(cfg.data.dataset, cfg.evaluation.split, "evaluation.split")
 
 

@@ -1,6 +1,7 @@
 """Layer 7, tasks: everything specific to one task (data, tokenizer, judge), one folder per task.
 
-``movie_reviews`` is the embedded default's offline sentiment task. Generic code (``rlhf_train.pipeline``
+``movie_reviews`` is the embedded default's offline sentiment task; ``arithmetic`` (generated sums and
+differences) and ``gsm8k`` are the verifiable-reward recipes' tasks. Generic code (``rlhf_train.pipeline``
 included) never imports a task by name: only the YAML configs name its factories and hooks.
 
 May import: every layer up to ``rlhf_train.rollout``.
