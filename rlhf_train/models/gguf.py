@@ -23,6 +23,7 @@ import shutil
 import time
 
 from rlhf_train.infra.errors import ConfigError
+from rlhf_train.infra.memory import release_freed_memory
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +95,7 @@ def gguf_to_dir(path: str, override: str = "policy.pretrained") -> str:
         if why is not None:
             log.warning("[rlhf_train] the converted dir %s is damaged (%s): converting %s again", out, why, path)
         _convert(path, out, override)
+    release_freed_memory()  # the conversion's 1.6 GB peak, freed, would stay resident under the next stage
     return out
 
 

@@ -35,6 +35,7 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from rlhf_train.infra.memory import release_freed_memory
 from rlhf_train.loop.components import build_tokenizer
 from rlhf_train.pipeline.cache import Timer, cached_stage
 from rlhf_train.pipeline.plan import algorithm_name, make_plan, preflight, reward_model_dir, rl_config
@@ -238,6 +239,7 @@ def run(cfg: DictConfig, run_dir: str | Path) -> float | None:
     # 5. evaluation
     if not cfg.evaluation.enabled:
         return _finish(cfg, run_dir, summary, timer, t_start, rl_info["metrics"].get("objective/score"))
+    release_freed_memory()  # the RL stage's freed activations and models, before the evaluation loads two models
     ev = run_evaluation(cfg, run_dir, tokenizer, judge, policy_dir, rm_dir, str(plan["rl_dir"]), rl_info, timer)
     table = ev.pop("table")
     summary = {**ev, **summary}
