@@ -54,6 +54,8 @@ def standins(cfg) -> list[str]:
         out.append("tokenizer=movie_reviews_bpe")
     if is_hub_name(policy.get("pretrained")) or not (policy.get("pretrained") or policy.get("config")):
         out += ["policy=tiny_gpt2", "policy.pretrained=null"]  # a hub model, or one an earlier stage makes
+        if cfg.rollout.max_new_tokens > 32:  # the stand-in's context is 128 tokens (synthetic prompts: <= 64)
+            out.append("rollout.max_new_tokens=32")
     if is_hub_name(cfg.ref_model.get("pretrained")):
         out.append("ref_model.pretrained=null")
     rm = cfg.reward_model
@@ -61,6 +63,8 @@ def standins(cfg) -> list[str]:
         out += ["reward_model=tiny_gpt2", "reward_model.pretrained=null"]  # likewise
     if cfg.data.get("dataset") and is_hub_name(cfg.data.dataset):
         out += ["data=synthetic", f"data.batch_size={cfg.data.batch_size}"]  # same batch: update.minibatch_size fits
+        if cfg.get("rewards"):  # reward functions read the hub data's columns (an answer): the stand-in RM scores
+            out.append("~rewards")
     return out
 
 
