@@ -4,6 +4,17 @@ from __future__ import annotations
 import pytest
 
 
+@pytest.fixture(autouse=True)
+def fresh_accelerate_state():
+    """Accelerate keeps one process-wide state whose mixed precision cannot change once set: every test starts
+    with a fresh one (a recipe in bf16 after a test in fp32 would otherwise raise in ``Accelerator()``)."""
+    from accelerate.state import AcceleratorState, GradientState
+
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+    yield
+
+
 @pytest.fixture
 def tiny_cfg():
     """``make_cfg(*overrides)``: the tiny smoke config of tests/helpers/reliability.py (2-layer GPT-2s, short

@@ -22,15 +22,6 @@ import torch
 
 PPO_FAST = ("update.num_epochs=1",)
 
-
-@pytest.fixture(autouse=True)
-def fresh_accelerate_state():
-    """Accelerate keeps one process-wide state whose precision cannot change once set: a fresh one per test."""
-    from accelerate.state import AcceleratorState
-
-    AcceleratorState._reset_state(True)
-    yield
-    AcceleratorState._reset_state(True)
 GRPO = ("algorithm=grpo", "rollout.num_samples=2", "data.batch_size=2", "update.num_epochs=1")
 
 
