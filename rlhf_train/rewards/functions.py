@@ -24,9 +24,22 @@ a worker thread or process: :mod:`rlhf_train.rewards.sources`).
 """
 from __future__ import annotations
 
+import logging
 import re
 import unicodedata
 from typing import Any
+
+
+class _NoTimeoutNotice(logging.Filter):
+    """Drops math-verify's "Timeout is disabled ..." warning, logged once per process on the first ``parse`` /
+    ``verify``: the timeout it asks for is the reward executor's (``rewards.<name>.timeout_s``), not its own."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "Timeout is disabled" not in record.getMessage()
+
+
+for _name in ("math_verify.parser", "math_verify.grader"):
+    logging.getLogger(_name).addFilter(_NoTimeoutNotice())
 
 import torch
 
