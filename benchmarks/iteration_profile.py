@@ -7,7 +7,7 @@ iterations, then one instrumented iteration of the loop's own ``step``, and prin
 * ``passes``: forward passes per model (``policy``, ``reference``, ``reward``), split by what called them
   (``generate`` / ``policy_scoring`` / ``reference`` / ``reward`` / ``update``): ``prefill`` calls (more
   than one new position) and ``decode_steps`` (one position), with their batch × length shapes;
-* ``large_tensors``: every tensor an op of the step wrote (forward or backward, any phase) with at least
+* ``large_tensors``: every new tensor an op of the step wrote (forward or backward, any phase) with at least
   ``--large-fraction`` × B·T·V elements (B rollouts, T response tokens, V vocabulary): its op, shape, MB
   and phase. ``bt_v_mb`` is the size of one ``[B, T, V]`` float32 tensor for comparison;
 * ``update_passes`` (forward + backward passes of the update: one per micro-batch) and
@@ -64,7 +64,8 @@ class Phase:
 
 
 class LargeTensors(TorchDispatchMode):
-    """Records every op output of at least ``threshold`` elements: op, shape, MB, phase."""
+    """Records every op output of at least ``threshold`` elements in memory of its own (not a view of an
+    input, not an input written in place): op, shape, MB, phase."""
 
     def __init__(self, threshold: int):
         super().__init__()
@@ -72,8 +73,11 @@ class LargeTensors(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
+        inputs = {a.untyped_storage().data_ptr() for a in torch.utils._pytree.tree_leaves((args, kwargs))
+                  if isinstance(a, torch.Tensor)}
         for t in (out if isinstance(out, (tuple, list)) else (out,)):
-            if isinstance(t, torch.Tensor) and t.numel() >= self.threshold and Phase.name != "other":
+            if (isinstance(t, torch.Tensor) and t.numel() >= self.threshold and Phase.name != "other"
+                    and t.untyped_storage().data_ptr() not in inputs):  # written memory, not a view or in place
                 self.seen.append({"phase": Phase.name, "op": str(func.overloadpacket.__name__),
                                   "shape": list(t.shape), "mb": round(t.numel() * t.element_size() / 2**20, 1)})
         return out
