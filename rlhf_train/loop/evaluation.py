@@ -133,6 +133,12 @@ def held_out_metrics(mode: str, parts: dict[str, torch.Tensor], lengths: torch.T
     return {k: float(v) for k, v in out.items()}
 
 
+def episode_eval_metrics(mode: str, episodes) -> dict[str, float]:
+    """The held-out episodes' ``env/...`` metrics (:func:`~rlhf_train.rollout.episodes.episode_metrics`) of one
+    decoding mode: ``eval/<mode>/env/turns`` and so on."""
+    return {f"eval/{mode}/{k}": v for k, v in episode_metrics(episodes).items()}
+
+
 def evaluate_held_out(backends: dict, sources: dict, prompts, e: DictConfig, eos_token_ids,
                       pad_token_id: int, player: EpisodePlayer | None = None) -> tuple[dict[str, float], dict[str, dict]]:
     """Decode ``prompts`` with each backend of ``backends`` (``{"sampled" | "greedy": backend}``) and score:
@@ -155,8 +161,7 @@ def evaluate_held_out(backends: dict, sources: dict, prompts, e: DictConfig, eos
         metrics.update(held_out_metrics(mode, parts, rows[mode]["length"], n, functions, e.accuracy_threshold,
                                         list(e.pass_k)))
         if player is not None:
-            episodes = [ep for o in outs for ep in o["episodes"]]
-            metrics.update({f"eval/{mode}/{k}": v for k, v in episode_metrics(episodes).items()})
+            metrics.update(episode_eval_metrics(mode, [ep for o in outs for ep in o["episodes"]]))
     return metrics, rows
 
 

@@ -150,7 +150,9 @@ def test_glossary_env_rows_are_the_episode_metrics():
 
 
 EVAL_TEMPLATES = {"eval/<mode>/<name>/mean", "eval/<mode>/<name>/accuracy", "eval/sampled/<name>/pass@<k>",
-                  "eval/sampled/<name>/mean@<n>", "eval/<mode>/completion_length"}
+                  "eval/sampled/<name>/mean@<n>", "eval/<mode>/completion_length", "eval/<mode>/env/turns",
+                  "eval/<mode>/env/tool_calls", "eval/<mode>/env/tool_errors", "eval/<mode>/env/truncated_episodes",
+                  "eval/<mode>/env/template_drift"}
 
 
 def template_pattern(name: str) -> str:
@@ -159,13 +161,16 @@ def template_pattern(name: str) -> str:
 
 
 def test_glossary_eval_templates_match_held_out_metrics():
-    """``eval/...``: each metric the held-out evaluation writes for a reward function and a reward model, greedy
-    and sampled, is named by exactly one template row, and every template row names some."""
-    from rlhf_train.loop.evaluation import held_out_metrics
+    """``eval/...``: each metric the held-out evaluation writes for a reward function, a reward model and an
+    environment's episodes, greedy and sampled, is named by exactly one template row, and every template row names
+    some."""
+    from rlhf_train.loop.evaluation import episode_eval_metrics, held_out_metrics
 
-    parts = {"answer": torch.tensor([1.0, 0.0, 1.0, 1.0]), "rm": torch.tensor([0.5, 0.1, 0.2, 0.3])}
-    names = {*held_out_metrics("sampled", parts, torch.ones(4), 2, {"answer"}, 1.0, [1, 2]),
-             *held_out_metrics("greedy", parts, torch.ones(4), 1, {"answer"})}
+    parts = {"answer": torch.tensor([1.0, 0.0, 1.0, 1.0]), "rm": torch.tensor([0.5, 0.1, 0.2, 0.3]),
+             "env": torch.tensor([1.0, 0.0, 0.0, 1.0])}
+    names = {*held_out_metrics("sampled", parts, torch.ones(4), 2, {"answer", "env"}, 1.0, [1, 2]),
+             *held_out_metrics("greedy", parts, torch.ones(4), 1, {"answer", "env"}),
+             *episode_eval_metrics("sampled", []), *episode_eval_metrics("greedy", [])}
     patterns = {t: template_pattern(t) for t in EVAL_TEMPLATES}
     for name in names:
         assert sum(bool(re.fullmatch(p, name)) for p in patterns.values()) == 1, name
