@@ -38,6 +38,7 @@ class CalculatorDataSchema:  # conf/data/calculator.yaml -> rlhf_train.envs.calc
     split: str = "train"
     max_prompts: Optional[int] = 2048
     seed: int = 0
+    max_steps: int = 3
 
 
 def register(cs) -> None:

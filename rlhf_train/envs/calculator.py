@@ -110,6 +110,15 @@ NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
 INSTRUCTIONS = ("You can use a calculator. To use it, write exactly\n<tool_call>\n{\"name\": \"calculate\", "
                 "\"arguments\": {\"expression\": \"<the expression>\"}}\n</tool_call>\nand you will get the result. "
                 "When you know the answer, reply with the final number only.")
+# A worked example as earlier turns of the conversation (``example=True``): SmolLM2-135M-Instruct wrote a tool call in
+# 0 of 32 sampled replies (8 problems, temperature 0.7) with the instructions alone, 4 of 32 with the example inside
+# the system message, and 22 of 32 with it as turns. Without any call GRPO has nothing to learn from.
+EXAMPLE: list[Message] = [
+    {"role": "user", "content": "A box holds 24 pens. How many pens are in 13 boxes?"},
+    {"role": "assistant", "content": '<tool_call>\n{"name": "calculate", "arguments": {"expression": "24 * 13"}}\n'
+                                     '</tool_call>'},
+    {"role": "tool", "name": "calculate", "content": "312"},
+    {"role": "assistant", "content": "312"}]
 
 
 def last_number(text: str) -> float | None:
@@ -123,41 +132,55 @@ def last_number(text: str) -> float | None:
         return None
 
 
-def first_messages(row: dict[str, Any], instructions: str | None = INSTRUCTIONS) -> list[Message]:
-    """A problem's first messages: the tool instructions (a system message) and the question."""
+def first_messages(row: dict[str, Any], instructions: str | None = INSTRUCTIONS,
+                   example: bool = True) -> list[Message]:
+    """A problem's first messages: the tool instructions (a system message), the worked :data:`EXAMPLE` (with
+    ``example``) and the question."""
     system = [{"role": "system", "content": instructions}] if instructions else []
-    return system + [{"role": "user", "content": str(row["question"])}]
+    return system + (EXAMPLE if example else []) + [{"role": "user", "content": str(row["question"])}]
 
 
 class Calculator(ToolEnvironment):
     """An arithmetic word problem with the :func:`calculate` tool (module docstring). ``row``: a
     :func:`calculator_prompts` row (``question``, ``answer``). ``describe_tools``: put the call format in a system
     message (for templates that do not render ``tools=``, as SmolLM2's); ``tool_timeout_s``: seconds a call may
-    take before it is an error message."""
+    take before it is an error message; ``tool_call_reward``: paid for the episode's first tool turn that ran without
+    error (:class:`~rlhf_train.envs.tools.ToolEnvironment`), 0 by default; ``example``: the worked example as the
+    conversation's first turns (:data:`EXAMPLE`)."""
 
     tools = [calculate]
 
-    def __init__(self, describe_tools: bool = True, tool_timeout_s: float = 2.0):
+    def __init__(self, describe_tools: bool = True, tool_timeout_s: float = 2.0, tool_call_reward: float = 0.0,
+                 example: bool = True):
         self.instructions = INSTRUCTIONS if describe_tools else None
+        self.example = bool(example)
         self.tool_timeout_s = float(tool_timeout_s)
+        self.tool_call_reward = float(tool_call_reward)
         self.answer_value: float | None = None
 
     def reset(self, row: dict[str, Any]) -> list[Message]:
         self.answer_value = float(row["answer"])
-        return first_messages(row, self.instructions)
+        return first_messages(row, self.instructions, self.example)
 
     def reward(self, text: str) -> float:
         got = last_number(text)
         return float(got is not None and math.isclose(got, self.answer_value, rel_tol=0.0, abs_tol=1e-6))
 
 
-def calculator_prompts(tokenizer, split: str = "train", max_prompts: int | None = 2048, seed: int = 0):
-    """``data=calculator``: ``max_prompts`` arithmetic word problems (:mod:`rlhf_train.envs.word_problems`), drawn
-    from a stream seeded by ``seed``; ``split`` ``train`` or any other (held out: problems ``train`` never has), each
-    row's first messages (with the tool instructions: the longest first prompt an episode has) rendered by
-    ``tokenizer``'s chat template with the tool."""
+def calculator_prompts(tokenizer, split: str = "train", max_prompts: int | None = 2048, seed: int = 0,
+                       max_steps: int = 3):
+    """``data=calculator``: ``max_prompts`` arithmetic word problems (:mod:`rlhf_train.envs.word_problems`) of
+    templates needing at most ``max_steps`` operations, drawn from a stream seeded by ``seed``; ``split`` ``train``
+    or any other (held out: problems ``train`` never has), each row's first messages (the tool instructions, the
+    example and the question: the longest first prompt an episode has) rendered by ``tokenizer``'s chat template with
+    the tool."""
     from rlhf_train.envs.prompts import episode_prompts, seeded_rows
     from rlhf_train.envs.word_problems import problem
+    from rlhf_train.infra.errors import ConfigError
 
-    rows = seeded_rows("calculator", split, max_prompts, seed, problem, key=lambda row: row["question"])
+    if not 1 <= int(max_steps) <= 3:
+        raise ConfigError(f"data.max_steps={max_steps}: the word problems need 1, 2 or 3 operations "
+                          f"(1 <= max_steps <= 3)")
+    rows = seeded_rows("calculator", split, max_prompts, seed, lambda r: problem(r, int(max_steps)),
+                       key=lambda row: row["question"])
     return episode_prompts(tokenizer, rows, first_messages, tools=[calculate])

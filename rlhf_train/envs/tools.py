@@ -113,10 +113,14 @@ class ToolEnvironment:
 
     :meth:`step`: an assistant message with tool calls gets the tools' results (``tool`` messages; errors as
     ``Error: ...`` messages) and the episode goes on; one without is the answer: :meth:`answer` (by default the
-    episode ends, paid :meth:`reward` of the answer's text)."""
+    episode ends, paid :meth:`reward` of the answer's text). ``tool_call_reward`` (0: none) pays the first turn of
+    an episode whose tool calls all returned a result (none an ``Error: ...`` message): a shaping reward for a model that does not call tools yet;
+    keep it below the answer's reward so that a reward >= 1 still means a right answer."""
 
     tools: Sequence[Callable] = ()
     tool_timeout_s: float | None = 10.0  # seconds a tool call may take before it is an error message
+    tool_call_reward: float = 0.0  # paid once per episode: its first turn whose tool calls all returned a result
+    _tool_call_paid: bool = False
 
     def reset(self, row: dict[str, Any]) -> list[Message]:
         raise NotImplementedError
@@ -132,5 +136,9 @@ class ToolEnvironment:
         text = message.get("content") or ""
         if "<tool_call>" in text:
             messages, calls, errors = tool_messages(text, self.tools, self.tool_timeout_s)
-            return Step(messages, None, {"tool_calls": calls, "tool_errors": errors})
+            reward = None
+            answered = not errors and not any(m["content"].startswith("Error:") for m in messages)
+            if self.tool_call_reward and calls and answered and not self._tool_call_paid:
+                self._tool_call_paid, reward = True, float(self.tool_call_reward)
+            return Step(messages, reward, {"tool_calls": calls, "tool_errors": errors})
         return self.answer(text)

@@ -1,12 +1,28 @@
 """Arithmetic word problems for the calculator environment (:mod:`rlhf_train.envs.calculator`), generated from a
 seeded :class:`random.Random`: one of a few templates, filled with 2- and 3-digit numbers chosen so that every
-answer is a whole number (divisions come out exact, differences are positive). Each problem needs one to three
-operations; the numbers are large enough that a small model gets them wrong in its head and right with the tool.
+answer is a whole number (divisions come out exact, differences are positive). Each template needs one to three
+operations (:data:`TEMPLATES`: the template and its count); ``max_steps`` keeps those of at most that many. The
+numbers are large enough that a small model gets them wrong in its head and right with the tool.
 """
 from __future__ import annotations
 
 import random
 from typing import Any, Callable
+
+
+def _crates(r: random.Random):
+    per, crates = r.randint(12, 99), r.randint(12, 99)
+    return f"A crate holds {per} bottles. How many bottles are in {crates} crates?", per * crates
+
+
+def _library(r: random.Random):
+    novels, comics = r.randint(120, 899), r.randint(120, 899)
+    return f"A library has {novels} novels and {comics} comics. How many books does it have?", novels + comics
+
+
+def _tank(r: random.Random):
+    full, used = r.randint(300, 999), r.randint(100, 290)
+    return f"A tank holds {full} liters of water and {used} liters are used. How many liters are left?", full - used
 
 
 def _sell(r: random.Random):
@@ -60,11 +76,12 @@ def _tickets(r: random.Random):
             f"dollars each. How many dollars do all the tickets cost?", adults * price_a + children * price_c)
 
 
-TEMPLATES: list[Callable[[random.Random], tuple[str, int]]] = [_sell, _share, _trip, _save, _rows, _pack, _farm,
-                                                              _tickets]
+TEMPLATES: list[tuple[Callable[[random.Random], tuple[str, int]], int]] = [
+    (_sell, 2), (_share, 1), (_trip, 2), (_save, 2), (_rows, 2), (_pack, 1), (_farm, 2), (_tickets, 3), (_crates, 1),
+    (_library, 1), (_tank, 1)]  # each template and the operations its answer needs
 
 
-def problem(r: random.Random) -> dict[str, Any]:
-    """One problem: ``{"question": str, "answer": int}``."""
-    question, answer = r.choice(TEMPLATES)(r)
+def problem(r: random.Random, max_steps: int = 3) -> dict[str, Any]:
+    """One problem of a template that needs at most ``max_steps`` operations: ``{"question": str, "answer": int}``."""
+    question, answer = r.choice([t for t, steps in TEMPLATES if steps <= max_steps])(r)
     return {"question": question, "answer": int(answer)}

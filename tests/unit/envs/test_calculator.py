@@ -8,9 +8,12 @@ import time
 import pytest
 
 from rlhf_train.envs import calculator
-from rlhf_train.envs.calculator import Calculator, CalculatorError, calculate, calculator_prompts, last_number, safe_eval
+from rlhf_train.envs.calculator import (EXAMPLE, Calculator, CalculatorError, calculate, calculator_prompts,
+                                       last_number, safe_eval)
 from rlhf_train.envs.prompts import held_out, seeded_rows
-from rlhf_train.envs.word_problems import problem
+from rlhf_train.envs.tools import parse_tool_calls
+from rlhf_train.envs.word_problems import TEMPLATES, problem
+from rlhf_train.infra.errors import ConfigError
 from tests.helpers.envs import chatml_tokenizer
 
 
@@ -71,7 +74,10 @@ def test_last_number():
 def test_a_scripted_episode_calls_the_tool_and_pays_the_right_answer():
     env = Calculator()
     messages = env.reset({"question": "What is 17 * 23 - 5?", "answer": 386})
-    assert [m["role"] for m in messages] == ["system", "user"] and "<tool_call>" in messages[0]["content"]
+    assert [m["role"] for m in messages] == ["system", "user", "assistant", "tool", "assistant", "user"]
+    assert "<tool_call>" in messages[0]["content"] and messages[1:5] == EXAMPLE  # the worked example as turns
+    assert messages[-1] == {"role": "user", "content": "What is 17 * 23 - 5?"}
+    assert calculate(parse_tool_calls(EXAMPLE[1]["content"])[0].arguments["expression"]) == EXAMPLE[2]["content"]
     assert env.tools == [calculate]
     step = env.step({"role": "assistant", "content": '<tool_call>{"name": "calculate", "arguments": '
                                                      '{"expression": "17 * 23 - 5"}}</tool_call>'})
@@ -84,7 +90,25 @@ def test_a_scripted_episode_calls_the_tool_and_pays_the_right_answer():
     done = env.step({"role": "assistant", "content": "The answer is 386."})
     assert done.messages is None and done.reward == 1.0
     assert env.step({"role": "assistant", "content": "385"}).reward == 0.0
-    assert Calculator(describe_tools=False).reset({"question": "q", "answer": 1}) == [{"role": "user", "content": "q"}]
+    assert Calculator(describe_tools=False, example=False).reset({"question": "q", "answer": 1}) == \
+        [{"role": "user", "content": "q"}]
+
+
+def test_tool_call_reward_pays_the_first_call_that_returns_a_result_once():
+    call = '<tool_call>{{"name": "calculate", "arguments": {{"expression": "{}"}}}}</tool_call>'
+    env = Calculator(tool_call_reward=0.1)
+    env.reset({"question": "What is 17 * 23?", "answer": 391})
+    assert env.step({"role": "assistant", "content": call.format("17 *")}).reward is None  # "Error: cannot parse"
+    assert env.step({"role": "assistant", "content": '<tool_call>{"name": "nope"}</tool_call>'}).reward is None
+    assert env.step({"role": "assistant", "content": call.format("17 * 23")}).reward == 0.1
+    assert env.step({"role": "assistant", "content": call.format("17 * 23")}).reward is None  # once per episode
+    assert env.step({"role": "assistant", "content": "391"}).reward == 1.0
+    fresh = Calculator(tool_call_reward=0.1)  # a new environment per episode: paid again
+    fresh.reset({"question": "q", "answer": 1})
+    assert fresh.step({"role": "assistant", "content": call.format("1 + 1")}).reward == 0.1
+    default = Calculator()
+    default.reset({"question": "q", "answer": 1})
+    assert default.step({"role": "assistant", "content": call.format("1 + 1")}).reward is None
 
 
 def test_a_tool_that_runs_too_long_is_an_error_message(monkeypatch):
@@ -116,10 +140,25 @@ def test_problems_are_seeded_whole_numbers_and_the_splits_disjoint():
     assert train != seeded_rows("calculator", "train", 300, 1, problem, key=lambda r: r["question"])
     assert not {r["question"] for r in train} & {r["question"] for r in test}
     assert all(held_out(r["question"], 10) for r in test) and not any(held_out(r["question"], 10) for r in train)
+    for steps in (1, 2, 3):  # data.max_steps: only templates of at most that many operations
+        one = [problem(random.Random(i), max_steps=steps) for i in range(300)]
+        assert all(isinstance(p["answer"], int) and p["answer"] > 0 for p in one)
+        assert {t for t, n in TEMPLATES if n <= steps} == {t for t, n in TEMPLATES
+                                                           if any(_asks(t, p["question"]) for p in one)}
+
+
+def _asks(template, question: str) -> bool:
+    """Whether ``question`` is ``template``'s wording (the same text with its numbers replaced)."""
+    import random
+    import re
+
+    return re.sub(r"\d+", "#", template(random.Random(0))[0]) == re.sub(r"\d+", "#", question)
 
 
 def test_calculator_prompts_render_the_first_messages():
     tok = chatml_tokenizer()
+    with pytest.raises(ConfigError, match="data.max_steps=4"):
+        calculator_prompts(tok, split="test", max_prompts=4, max_steps=4)
     data = calculator_prompts(tok, split="test", max_prompts=4)
     assert len(data) == 4 and set(data.columns) == {"question", "answer"}
     text = tok.decode(data[0]["input_ids"].tolist())
