@@ -60,7 +60,8 @@ def standins(cfg) -> list[str]:
         out.append("ref_model.pretrained=null")
     rm = cfg.reward_model
     if OmegaConf.is_missing(rm, "pretrained") or is_hub_name(rm.get("pretrained")) or not (rm.get("pretrained") or rm.get("config")):
-        out += ["reward_model=tiny_gpt2", "reward_model.pretrained=null"]  # likewise
+        # likewise; with the context of the longest first prompts (an environment's: tool instructions, an example)
+        out += ["reward_model=tiny_gpt2", "reward_model.pretrained=null", "reward_model.config.n_positions=512"]
     if cfg.data.get("dataset") and is_hub_name(cfg.data.dataset):
         out += ["data=synthetic", f"data.batch_size={cfg.data.batch_size}"]  # same batch: update.minibatch_size fits
         if cfg.get("rewards"):  # reward functions read the hub data's columns (an answer): the stand-in RM scores
