@@ -1,7 +1,21 @@
 """Shared fixtures (helpers that are not fixtures: tests/helpers/)."""
 from __future__ import annotations
 
+import os
+
 import pytest
+
+
+def pytest_configure(config):
+    """Under pytest-xdist (pyproject's ``-n``) each worker gets its share of the cores, in process and in the
+    processes its tests start (``OMP_NUM_THREADS``), instead of every worker running one thread per core."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1:
+        import torch
+
+        threads = max(1, (os.cpu_count() or 1) // workers)
+        os.environ["OMP_NUM_THREADS"] = str(threads)
+        torch.set_num_threads(threads)
 
 
 @pytest.fixture(autouse=True)

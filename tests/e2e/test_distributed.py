@@ -21,6 +21,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.helpers.ports import with_free_port
+
 ROOT = Path(__file__).resolve().parents[2]
 WORKER = str(ROOT / "tests" / "helpers" / "dist_worker.py")
 TIMEOUT_S = 300
@@ -33,6 +35,7 @@ COMMON = ["+recipe=smoke", "logger=csv", "trainer.progress_bar=false", "rollout.
 
 
 def run(cmd: list[str], cwd: Path, dump: Path, cache: Path) -> subprocess.CompletedProcess:
+    cmd = with_free_port(cmd)
     env = {**os.environ, "RLHF_TEST_DUMP_DIR": str(dump), "WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1",
            "TRANSFORMERS_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT),
            "RLHF_TRAIN_CACHE": str(cache)}

@@ -20,7 +20,6 @@ from __future__ import annotations
 import csv
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -28,6 +27,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.ports import free_port
 from tests.helpers.reliability import REPO
 
 WORKER = str(REPO / "tests" / "helpers" / "reliability_worker.py")
@@ -75,12 +75,6 @@ def _rows(run: Path) -> list[dict]:
     return list(csv.DictReader(path.open())) if path.exists() else []
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.slow
 def test_kill_resume_on_two_machines_preempt_resume_gives_the_uninterrupted_metrics(tmp_path):
     import psutil
@@ -90,9 +84,9 @@ def test_kill_resume_on_two_machines_preempt_resume_gives_the_uninterrupted_metr
     env = _env(cache)
     # A + B side by side, each on a port of its own (started together, both could otherwise see accelerate's
     # default port free and then race for it: EADDRINUSE)
-    a = _start([*ACCELERATE, *ONE_MACHINE, "--main_process_port", str(_free_port()), WORKER, *CFG,
+    a = _start([*ACCELERATE, *ONE_MACHINE, "--main_process_port", str(free_port()), WORKER, *CFG,
                 f"hydra.run.dir={ref}"], tmp_path, tmp_path / "A.log", env)
-    b = _start([*ACCELERATE, *ONE_MACHINE, "--main_process_port", str(_free_port()), WORKER, *CFG,
+    b = _start([*ACCELERATE, *ONE_MACHINE, "--main_process_port", str(free_port()), WORKER, *CFG,
                 f"hydra.run.dir={res}"], tmp_path, tmp_path / "B.log", env)
     try:
         _until(lambda: (res / "checkpoints" / "iter_000002" / "COMPLETE").exists(), b, tmp_path / "B.log", deadline,
@@ -113,7 +107,7 @@ def test_kill_resume_on_two_machines_preempt_resume_gives_the_uninterrupted_metr
     assert 2 <= killed_rows < ITERATIONS
 
     # C: resume as 2 machines x 1 process; machine 1 has its own disk; SIGTERM to machine 0's launcher
-    port, resume = _free_port(), ["trainer.resume=auto", f"hydra.run.dir={res}"]
+    port, resume = free_port(), ["trainer.resume=auto", f"hydra.run.dir={res}"]
     machines = [_start([*LAUNCH, *FLAGS, "--num_processes", "2", "--num_machines", "2", "--machine_rank", str(r),
                         "--main_process_ip", "127.0.0.1", "--main_process_port", str(port), WORKER, *CFG, *resume],
                        tmp_path / f"m{r}", tmp_path / f"C{r}.log", _env(cache, RLHF_TEST_LOCAL_DISK="1"))
