@@ -2,16 +2,9 @@
 workers) never meet on Accelerate's default rendezvous port 29500."""
 from __future__ import annotations
 
-import socket
+from torch.distributed.elastic.utils.distributed import get_free_port as free_port  # what torchrun itself uses
 
 LAUNCHER = "accelerate.commands.launch"
-
-
-def free_port() -> int:
-    """A port the kernel has just handed out as free (the launch binds it a moment later)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def with_free_port(cmd: list[str]) -> list[str]:
