@@ -8,10 +8,10 @@ and moved into place; a reuse checks the seal first.
   for a 540 MB file (SmolLM2-135M in float32) on a 2-core CPU, from the page cache, which the load that
   follows reads anyway; an entry checked once is not hashed again by the same process while its files keep
   their sizes and mtimes.
-* :func:`temp_dir` names a temp dir after its writer (``<entry>.tmp-<pid>-<host>-<random>``);
-  :func:`remove_stale_temp_dirs` removes the ones whose writer is gone (same host, no such process) or that
-  are older than :data:`STALE_HOURS` (another host, or a reused pid): a SIGKILL mid-write leaves nothing
-  behind for long.
+* :func:`temp_dir` and :func:`temp_file` name a temp dir or file after its writer
+  (``.<entry>.tmp-<pid>-<host>-<random>``); :func:`remove_stale_temps` removes the ones whose writer is gone
+  (same host, no such process) or that are older than :data:`STALE_HOURS` (another host, or a reused pid): a
+  SIGKILL mid-write leaves nothing behind for long.
 * :func:`writable_dir` makes the cache dir or stops with one :class:`ConfigError` line naming it and the
   variable that sets it.
 """
@@ -106,11 +106,19 @@ def discard(entry: str | Path) -> None:
 # Temp dirs
 # --------------------------------------------------------------------------------------------
 def temp_dir(entry: str | Path) -> Path:
-    """A fresh temp dir next to ``entry``, named after this process (see :func:`remove_stale_temp_dirs`)."""
+    """A fresh temp dir next to ``entry``, named after this process (see :func:`remove_stale_temps`)."""
     entry = Path(entry)
     path = entry.with_name(f".{entry.name.lstrip('.')}.tmp-{os.getpid()}-{_host()}-{secrets.token_hex(4)}")
     path.mkdir(parents=True)
     return path
+
+
+def temp_file(path: str | Path) -> tuple[int, Path]:
+    """A new file next to ``path``, named after this process (see :func:`remove_stale_temps`), opened for
+    writing: ``(fd, its path)``. Its mode is what the umask gives (``tempfile.mkstemp`` would make it 0600)."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name.lstrip('.')}.tmp-{os.getpid()}-{_host()}-{secrets.token_hex(4)}")
+    return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), tmp
 
 
 def _writer_gone(pid: int, host: str) -> bool:
@@ -127,9 +135,9 @@ def _writer_gone(pid: int, host: str) -> bool:
     return False
 
 
-def remove_stale_temp_dirs(parent: str | Path, max_age_hours: float = STALE_HOURS) -> list[str]:
-    """Remove the temp dirs in ``parent`` whose writer is gone or that are older than ``max_age_hours``; a
-    line each (name and size). Returns their names."""
+def remove_stale_temps(parent: str | Path, max_age_hours: float = STALE_HOURS) -> list[str]:
+    """Remove the temp dirs and files in ``parent`` (:func:`temp_dir`, :func:`temp_file`) whose writer is gone or
+    that are older than ``max_age_hours``; a line each (name and size). Returns their names."""
     parent, removed = Path(parent), []
     try:
         children = list(parent.iterdir())
@@ -137,7 +145,7 @@ def remove_stale_temp_dirs(parent: str | Path, max_age_hours: float = STALE_HOUR
         return removed
     for path in children:
         m = _TEMP_RE.search(path.name)
-        if m is None or not path.is_dir():
+        if m is None:
             continue
         try:
             age_h = (time.time() - path.stat().st_mtime) / 3600
@@ -145,12 +153,18 @@ def remove_stale_temp_dirs(parent: str | Path, max_age_hours: float = STALE_HOUR
             continue
         if not (_writer_gone(int(m.group(1)), m.group(2)) or age_h > max_age_hours):
             continue
-        size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
-        shutil.rmtree(path, ignore_errors=True)
+        kind = "dir" if path.is_dir() else "file"
+        files = list(path.rglob("*")) if kind == "dir" else [path]
+        size = sum(f.stat().st_size for f in files if f.is_file())
+        if kind == "dir":
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
         if not path.exists():
             removed.append(path.name)
-            log.warning("[rlhf_train] removed the temp dir %s (%.1f MB) left by a writer that is gone (process %s "
-                        "on %s, %.1f h old)", path, size / 2**20, m.group(1), m.group(2), age_h)
+            log.warning("[rlhf_train] removed the temp %s %s (%.1f MB) left by a writer that is gone (process %s "
+                        "on %s, %.1f h old)", kind, path, size / 2**20,
+                        m.group(1), m.group(2), age_h)
     return removed
 
 

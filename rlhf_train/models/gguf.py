@@ -66,7 +66,7 @@ def _check_magic(path: str, override: str) -> None:
 def gguf_to_dir(path: str, override: str = "policy.pretrained") -> str:
     """The converted dir of GGUF file ``path`` (converting it now if this file was never converted, or if its
     converted dir is damaged)."""
-    from rlhf_train.infra.cache_entries import damage, remove_stale_temp_dirs, writable_dir
+    from rlhf_train.infra.cache_entries import damage, remove_stale_temps, writable_dir
 
     path = os.path.abspath(os.path.expanduser(path))
     if not os.path.isfile(path):
@@ -77,7 +77,7 @@ def gguf_to_dir(path: str, override: str = "policy.pretrained") -> str:
     name = os.path.splitext(os.path.basename(path))[0]
     root = os.path.join(cache_root(), "gguf")
     out = os.path.join(root, f"{name}-{key}")
-    remove_stale_temp_dirs(root)
+    remove_stale_temps(root)
     if os.path.isdir(out) and damage(out) is None:
         return out
     try:

@@ -151,12 +151,12 @@ def cached_stage(path: Path, build: Callable[[Path], dict]) -> tuple[dict, bool]
     """
     from filelock import FileLock
 
-    from rlhf_train.infra.cache_entries import discard, remove_stale_temp_dirs, seal, temp_dir, writable_dir
+    from rlhf_train.infra.cache_entries import discard, remove_stale_temps, seal, temp_dir, writable_dir
 
     if is_complete(path):
         return read_stage_info(path), True
     writable_dir(path.parent, "the stage cache dir")
-    remove_stale_temp_dirs(path.parent)  # left by a build that was killed
+    remove_stale_temps(path.parent)  # left by a build that was killed
     with FileLock(str(path.parent / f"{path.name}.lock")):
         if _intact(path):  # another run finished it while we waited
             return read_stage_info(path), True

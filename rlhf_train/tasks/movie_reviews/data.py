@@ -30,7 +30,6 @@ import importlib.util
 import json
 import os
 import re
-import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -136,20 +135,21 @@ def _parsed_copy_path(path: Path) -> Path:
 
 def _write_parsed_copy(copy: Path, rows) -> None:
     """Written next to its place and renamed into it (a reader sees all of it or none); a cache dir that
-    cannot be written is no error here (the next process parses the CSV again)."""
-    from rlhf_train.infra.checkpoint import apply_umask
+    cannot be written is no error here (the next process parses the CSV again). The temp file is named after
+    this process, so one left by a writer that was killed is removed by the next writer."""
+    from rlhf_train.infra.cache_entries import remove_stale_temps, temp_file
 
     cols = {"rows": len(rows), "source": [src for src, _ in rows], "text": [r.text for _, r in rows],
             "label": [r.label for _, r in rows]}
     try:
         copy.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=copy.parent, prefix=f".{copy.name}.", suffix=".tmp")
+        remove_stale_temps(copy.parent)
+        fd, tmp = temp_file(copy)
     except OSError:
         return
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             json.dump(cols, f)
-        apply_umask(tmp)  # mkstemp makes the file 0600: the modes of every other cache file
         os.replace(tmp, copy)
     except OSError:  # a full disk: nothing is left behind
         Path(tmp).unlink(missing_ok=True)

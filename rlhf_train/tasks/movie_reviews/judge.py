@@ -31,14 +31,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
 
-from rlhf_train.infra.cache_entries import writable_dir
-from rlhf_train.infra.checkpoint import apply_umask
+from rlhf_train.infra.cache_entries import remove_stale_temps, temp_file, writable_dir
 
 __all__ = ["SentimentJudge", "train_judge"]
 
@@ -175,7 +173,8 @@ class SentimentJudge:
         # Terms are word n-grams joined by single spaces (no newlines): store them as one
         # newline-joined UTF-8 byte array, far smaller than a fixed-width unicode array.
         blob = np.frombuffer("\n".join(terms).encode("utf-8"), dtype=np.uint8)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}-", suffix=".tmp", dir=path.parent)
+        remove_stale_temps(path.parent)  # left by a save that was killed
+        fd, tmp = temp_file(path)  # named after this process; its mode is the umask's, like every other file
         try:
             with os.fdopen(fd, "wb") as f:
                 np.savez_compressed(
@@ -185,7 +184,6 @@ class SentimentJudge:
                     coef=self.coef_,
                     config=np.array(json.dumps(self._config())),
                 )
-            apply_umask(tmp)  # mkstemp makes the file 0600: use the umask's mode, like every other file
             os.replace(tmp, path)
         except BaseException:
             if os.path.exists(tmp):

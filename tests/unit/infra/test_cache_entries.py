@@ -8,7 +8,7 @@ import sys
 import time
 
 from rlhf_train.infra import cache_entries
-from rlhf_train.infra.cache_entries import damage, remove_stale_temp_dirs, seal, temp_dir
+from rlhf_train.infra.cache_entries import damage, remove_stale_temps, seal, temp_dir
 
 
 def test_seal_and_damage(tmp_path):
@@ -60,10 +60,27 @@ def test_stale_temp_dirs_go_live_ones_stay(tmp_path):
         old = time.time() - 7 * 3600
         os.utime(dirs[f".d.tmp-{live.pid}-otherhost-89abcdef"], (old, old))
         own = temp_dir(tmp_path / "f-0123")  # this process's: kept
-        removed = remove_stale_temp_dirs(tmp_path)
+        removed = remove_stale_temps(tmp_path)
         assert sorted(removed) == [f".a.tmp-{dead.pid}-{host}-0123abcd", f".d.tmp-{live.pid}-otherhost-89abcdef"]
         assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
             [own.name, "e-0123", f".b.tmp-{live.pid}-{host}-0123abcd", f".c.tmp-{live.pid}-otherhost-0123abcd"])
     finally:
         live.kill()
         live.wait()
+
+
+def test_stale_temp_files_go_live_ones_stay(tmp_path):
+    from rlhf_train.infra.cache_entries import temp_file
+    from rlhf_train.infra.checkpoint import current_umask
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    host = cache_entries._host()
+    stale = tmp_path / f".x.json.tmp-{dead.pid}-{host}-0123abcd"  # a writer killed mid-write
+    stale.write_bytes(b"x" * 10)
+    fd, own = temp_file(tmp_path / "x.json")  # this process's, being written: kept
+    os.close(fd)
+    assert own.name.startswith(f".x.json.tmp-{os.getpid()}-{host}-")
+    assert own.stat().st_mode & 0o777 == 0o666 & ~current_umask()  # the umask's mode, as every cache file
+    assert remove_stale_temps(tmp_path) == [stale.name]
+    assert [p.name for p in tmp_path.iterdir()] == [own.name]
