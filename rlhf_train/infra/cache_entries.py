@@ -103,12 +103,11 @@ def discard(entry: str | Path) -> None:
 
 
 # --------------------------------------------------------------------------------------------
-# Temp dirs
+# Temp dirs and files
 # --------------------------------------------------------------------------------------------
 def temp_dir(entry: str | Path) -> Path:
     """A fresh temp dir next to ``entry``, named after this process (see :func:`remove_stale_temps`)."""
-    entry = Path(entry)
-    path = entry.with_name(f".{entry.name.lstrip('.')}.tmp-{os.getpid()}-{_host()}-{secrets.token_hex(4)}")
+    path = _temp_name(entry)
     path.mkdir(parents=True)
     return path
 
@@ -116,9 +115,14 @@ def temp_dir(entry: str | Path) -> Path:
 def temp_file(path: str | Path) -> tuple[int, Path]:
     """A new file next to ``path``, named after this process (see :func:`remove_stale_temps`), opened for
     writing: ``(fd, its path)``. Its mode is what the umask gives (``tempfile.mkstemp`` would make it 0600)."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name.lstrip('.')}.tmp-{os.getpid()}-{_host()}-{secrets.token_hex(4)}")
+    tmp = _temp_name(path)
     return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), tmp
+
+
+def _temp_name(entry: str | Path) -> Path:
+    """``.<entry>.tmp-<pid>-<host>-<random>`` next to ``entry``: what :data:`_TEMP_RE` reads back."""
+    entry = Path(entry)
+    return entry.with_name(f".{entry.name.lstrip('.')}.tmp-{os.getpid()}-{_host()}-{secrets.token_hex(4)}")
 
 
 def _writer_gone(pid: int, host: str) -> bool:
@@ -163,8 +167,7 @@ def remove_stale_temps(parent: str | Path, max_age_hours: float = STALE_HOURS) -
         if not path.exists():
             removed.append(path.name)
             log.warning("[rlhf_train] removed the temp %s %s (%.1f MB) left by a writer that is gone (process %s "
-                        "on %s, %.1f h old)", kind, path, size / 2**20,
-                        m.group(1), m.group(2), age_h)
+                        "on %s, %.1f h old)", kind, path, size / 2**20, m.group(1), m.group(2), age_h)
     return removed
 
 

@@ -173,7 +173,6 @@ class SentimentJudge:
         # Terms are word n-grams joined by single spaces (no newlines): store them as one
         # newline-joined UTF-8 byte array, far smaller than a fixed-width unicode array.
         blob = np.frombuffer("\n".join(terms).encode("utf-8"), dtype=np.uint8)
-        remove_stale_temps(path.parent)  # left by a save that was killed
         fd, tmp = temp_file(path)  # named after this process; its mode is the umask's, like every other file
         try:
             with os.fdopen(fd, "wb") as f:
@@ -250,6 +249,7 @@ def train_judge(
     if path.is_file():
         return SentimentJudge.load(path)
     writable_dir(cache)  # one line naming RLHF_TRAIN_CACHE, before the fit, not a traceback after it
+    remove_stale_temps(cache)  # a save into the cache that was killed left its temp file
     judge = proto.fit(texts, labels)
     judge.save(path)
     return judge

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import re
 
 import numpy as np
 import pytest
@@ -69,15 +68,16 @@ def test_load_reviews_clean_and_cached():
 
 
 def test_the_parsed_copy_in_the_cache_gives_the_parse_and_a_bad_one_is_replaced(tmp_path, monkeypatch):
-    import socket
     import subprocess
     import sys
+
+    from rlhf_train.infra.cache_entries import _host
 
     monkeypatch.setenv("RLHF_TRAIN_CACHE", str(tmp_path / "cache"))
     (tmp_path / "cache").mkdir()
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
-    host = re.sub(r"[^A-Za-z0-9_.]", "_", socket.gethostname())
+    host = _host()
     left = tmp_path / "cache" / f".movie-reviews-0123.json.tmp-{dead.pid}-{host}-0123abcd"
     left.write_text('{"rows": 1')  # a writer killed mid-write: removed by the next writer
     mr._read_csv.cache_clear()
