@@ -22,15 +22,17 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import zygote
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def run(*overrides, tmp_path, timeout=300):
     env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
     env["WANDB_MODE"] = "disabled"
-    cmd = [sys.executable, "-m", "rlhf_train", "+recipe=smoke", f"hydra.run.dir={tmp_path}",
+    cmd = ["+recipe=smoke", f"hydra.run.dir={tmp_path}",
            "trainer.progress_bar=false", *overrides]
-    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    return zygote.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
 
 
 @pytest.mark.parametrize("override, key", [
@@ -100,7 +102,7 @@ CONF = ROOT / "conf"
 
 
 def _help(*args) -> str:
-    proc = subprocess.run([sys.executable, "-m", "rlhf_train", *args, "--help"], cwd=ROOT, capture_output=True,
+    proc = zygote.run([*args, "--help"], cwd=ROOT, capture_output=True,
                           text=True, timeout=120, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc.stdout
@@ -148,7 +150,7 @@ def test_help_stars_the_options_of_the_given_recipe():
 
 
 def test_hydra_help_stays_hydras_page_with_a_recipe_given():
-    proc = subprocess.run([sys.executable, "-m", "rlhf_train", "+recipe=smoke", "--hydra-help"], cwd=ROOT,
+    proc = zygote.run(["+recipe=smoke", "--hydra-help"], cwd=ROOT,
                           capture_output=True, text=True, timeout=120, check=False)
     assert proc.returncode == 0 and proc.stdout.startswith("Hydra ("), proc.stderr[-3000:]
 

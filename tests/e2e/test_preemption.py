@@ -6,12 +6,12 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 
 import pytest
 
+from tests.helpers import zygote
 from tests.helpers.reliability import FAST, REPO, make_cfg
 
 _CALLS = {"n": 0}
@@ -44,10 +44,10 @@ def test_sigterm_while_a_reward_function_hangs_exits_143_within_the_grace_period
     from rlhf_train.infra.resume import verify_checkpoint
 
     run, marker = tmp_path / "run", tmp_path / "hanging"
-    cmd = [sys.executable, "-m", "rlhf_train", *FAST, "trainer.num_iterations=50", "trainer.checkpoint_every=1",
+    cmd = [*FAST, "trainer.num_iterations=50", "trainer.checkpoint_every=1",
            "trainer.num_threads=1", "trainer.preempt_grace_s=3", "reward_model=none",
            "+rewards.slow._target_=tests.e2e.test_preemption.hangs_on_third_call", f"hydra.run.dir={run}"]
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    proc = zygote.popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env=dict(os.environ, OMP_NUM_THREADS="1", HANG_MARKER=str(marker)))
     try:
         deadline = time.monotonic() + 240

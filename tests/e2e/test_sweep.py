@@ -11,11 +11,12 @@ import csv
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from omegaconf import OmegaConf
+
+from tests.helpers import zygote
 
 FAST = ["+recipe=smoke", "logger=csv", "trainer.progress_bar=false", "data.batch_size=4", "data.max_prompts=12",
         "update.minibatch_size=2", "update.num_epochs=1", "rollout.max_new_tokens=8", "trainer.num_iterations=1"]
@@ -46,10 +47,10 @@ LONG = "x" * 300  # longer than a file name may be (255 bytes)
 
 def _sweep(tmp_path: Path, *overrides: str) -> subprocess.CompletedProcess:
     (tmp_path / "sweep_hooks.py").write_text(HOOKS)
-    cmd = [sys.executable, "-m", "rlhf_train", "-m", *FAST, *overrides, f"hydra.sweep.dir={tmp_path / 'sweep'}"]
+    cmd = ["-m", *FAST, *overrides, f"hydra.sweep.dir={tmp_path / 'sweep'}"]
     env = {**os.environ, "WANDB_MODE": "disabled", "HYDRA_FULL_ERROR": "0", "OMP_NUM_THREADS": "1",
            "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
-    return subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env)
+    return zygote.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env)
 
 
 def _rows(sweep_dir: Path) -> list[dict]:

@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.helpers import zygote
 from tests.unit.pipeline.test_run import compose
 
 REPO = Path(__file__).resolve().parents[2]
@@ -93,7 +92,7 @@ def test_tldr_sft_and_rm_stages_on_local_stand_ins(stand_ins, tmp_path):
 def test_tldr_offline_fails_at_start_with_one_line(tmp_path):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
            "HF_HOME": str(tmp_path / "hf"), "RLHF_TRAIN_CACHE": str(tmp_path / "cache"), "WANDB_MODE": "disabled"}
-    proc = subprocess.run([sys.executable, "-m", "rlhf_train", "+recipe=tldr_ppo", f"hydra.run.dir={tmp_path / 'run'}"],
+    proc = zygote.run(["+recipe=tldr_ppo", f"hydra.run.dir={tmp_path / 'run'}"],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2, proc.stderr[-2000:]
     errors = [line for line in proc.stderr.splitlines() if line.startswith("Error:")]

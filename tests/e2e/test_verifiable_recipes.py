@@ -15,11 +15,11 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.helpers import zygote
 from tests.unit.pipeline.test_run import compose
 
 REPO = Path(__file__).resolve().parents[2]
@@ -75,7 +75,7 @@ def test_gsm8k_recipe_composes_with_the_hub_names():
 def _offline(tmp_path, *overrides: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
            "HF_HOME": str(tmp_path / "hf"), "RLHF_TRAIN_CACHE": str(tmp_path / "cache"), "WANDB_MODE": "disabled"}
-    return subprocess.run([sys.executable, "-m", "rlhf_train", "+recipe=gsm8k_grpo", *overrides,
+    return zygote.run(["+recipe=gsm8k_grpo", *overrides,
                            f"hydra.run.dir={tmp_path / 'run'}"], cwd=REPO, env=env, capture_output=True, text=True,
                           timeout=300)
 

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import torch
@@ -30,10 +29,11 @@ def make_cfg(*overrides: str):
 
 
 def cli(*args: str, timeout: float = 300, **popen) -> subprocess.CompletedProcess:
-    """``python -m rlhf_train ARGS`` in the repo, output captured."""
+    """``python -m rlhf_train ARGS`` in the repo, output captured (forked from tests/helpers/zygote.py's server)."""
+    from tests.helpers import zygote
+
     env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
-    return subprocess.run([sys.executable, "-m", "rlhf_train", *args], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=timeout, **popen)
+    return zygote.run(args, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout, **popen)
 
 
 def files_of(run_dir: Path) -> dict[str, bytes]:

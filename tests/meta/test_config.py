@@ -17,8 +17,6 @@
 Budget: ~25 s on 2 CPU cores (the tokenizer and the review split are built once, then cached).
 """
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -26,7 +24,9 @@ import yaml
 from omegaconf import OmegaConf
 
 from rlhf_train.infra.errors import ConfigError
+from tests.helpers import zygote
 from tests.helpers.config import CONF, compose
+
 RECIPES = sorted(p.stem for p in (CONF / "recipe").glob("*.yaml"))
 # the config groups of the primary config's defaults list (null ones included), and their options
 # (`override hydra/...` entries select Hydra's own options, e.g. the --help page: not groups of ours)
@@ -239,7 +239,7 @@ def test_entry_point_without_arguments_resolves_to_the_default_recipe():
     """``python -m rlhf_train`` (no argument) selects ``recipe: default``, records it in the overrides
     (``.hydra/overrides.yaml``), and its job config is that of ``+recipe=default``."""
     env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
-    proc = subprocess.run([sys.executable, "-m", "rlhf_train", "--cfg", "all"], cwd=CONF.parent, env=env,
+    proc = zygote.run(["--cfg", "all"], cwd=CONF.parent, env=env,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     printed = yaml.safe_load(proc.stdout)

@@ -11,7 +11,6 @@ import re
 import shutil
 import signal
 import subprocess
-import sys
 import threading
 import time
 
@@ -19,6 +18,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
+from tests.helpers import zygote
 from tests.helpers.reliability import FAST, REPO, files_of, make_cfg, tiny_policy
 
 SECRET = "sk-test-0123456789abcdef-secret"
@@ -211,10 +211,10 @@ def test_cli_sigterm_checkpoints_and_exits_143(tmp_path):
     from rlhf_train.infra.resume import verify_checkpoint
 
     run = tmp_path / "run"
-    cmd = [sys.executable, "-m", "rlhf_train", *FAST, "trainer.num_iterations=500", "trainer.checkpoint_every=400",
+    cmd = [*FAST, "trainer.num_iterations=500", "trainer.checkpoint_every=400",
            "trainer.num_threads=1", f"hydra.run.dir={run}"]
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env=dict(os.environ, OMP_NUM_THREADS="1"))
+    proc = zygote.popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                        env=dict(os.environ, OMP_NUM_THREADS="1"))
     try:
         deadline = time.monotonic() + 240
         while not (run / "metrics.csv").exists():

@@ -15,6 +15,7 @@ from hydra.errors import HydraException
 from omegaconf.errors import OmegaConfBaseException
 
 from rlhf_train.infra.errors import ConfigError
+from tests.helpers import zygote
 from tests.helpers.reliability import cli, files_of, make_cfg, tiny_policy
 
 
@@ -200,22 +201,20 @@ def test_failed_start_leaves_no_run_dir_behind(tmp_path):
     """Bad input (exit 2) with the default run dir ``outputs/<task>/<time>/`` under the cwd: the folders
     this start created go again; a run dir that existed before stays, as does anything in it."""
     import os
-    import subprocess
-    import sys
 
     from tests.helpers.reliability import REPO
 
     env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
-    bad = [sys.executable, "-m", "rlhf_train", "+recipe=smoke", "logger=csv", "rollout.max_new_tokens=0"]
-    out = subprocess.run(bad, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120, check=False)
+    bad = ["+recipe=smoke", "logger=csv", "rollout.max_new_tokens=0"]
+    out = zygote.run(bad, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120, check=False)
     assert out.returncode == 2, out.stderr[-3000:]
     assert f"[rlhf_train] run dir: {tmp_path / 'outputs' / 'smoke'}" in out.stdout  # it was said, then removed
     assert list(tmp_path.iterdir()) == []
 
     mine = tmp_path / "mine"
     (mine / "notes").mkdir(parents=True)
-    out = subprocess.run([*bad, f"hydra.run.dir={mine}"], cwd=tmp_path, env=env, capture_output=True, text=True,
-                         timeout=120, check=False)
+    out = zygote.run([*bad, f"hydra.run.dir={mine}"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                     timeout=120, check=False)
     assert out.returncode == 2 and (mine / "notes").is_dir() and (mine / ".hydra").is_dir()
 
 

@@ -6,12 +6,11 @@ Budget: ~10 s on 2 CPU cores (one ``python -m rlhf_train`` start).
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.helpers import zygote
 from tests.unit.pipeline.test_run import compose
 
 REPO = Path(__file__).resolve().parents[3]
@@ -39,7 +38,7 @@ def test_stage_ppo_names_stage_rl_in_one_line(tmp_path):
 def test_stage_ppo_fails_at_start_from_the_command_line(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
     env.update(WANDB_MODE="disabled", RLHF_TRAIN_CACHE=str(tmp_path / "cache"))
-    proc = subprocess.run([sys.executable, "-m", "rlhf_train", "+recipe=smoke", "stage=ppo",
+    proc = zygote.run(["+recipe=smoke", "stage=ppo",
                            f"hydra.run.dir={tmp_path / 'run'}"], cwd=REPO, env=env, capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 2, proc.stderr[-2000:]

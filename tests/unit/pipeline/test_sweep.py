@@ -23,6 +23,7 @@ from rlhf_train.pipeline.sweep import (
     swept_keys,
     write_report,
 )
+from tests.helpers import zygote
 
 # smoke recipe, cut down to one short PPO iteration per job
 FAST = ["+recipe=smoke", "logger=csv", "trainer.num_iterations=1", "trainer.progress_bar=false",
@@ -31,8 +32,8 @@ FAST = ["+recipe=smoke", "logger=csv", "trainer.num_iterations=1", "trainer.prog
 
 def _multirun(tmp_path: Path, *overrides: str) -> subprocess.CompletedProcess:
     sweep_dir = tmp_path / "sweep"
-    cmd = [sys.executable, "-m", "rlhf_train", "-m", *FAST, *overrides, f"hydra.sweep.dir={sweep_dir}"]
-    return subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300,
+    cmd = ["-m", *FAST, *overrides, f"hydra.sweep.dir={sweep_dir}"]
+    return zygote.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300,
                           env={**os.environ, "WANDB_MODE": "disabled", "HYDRA_FULL_ERROR": "0"})
 
 
