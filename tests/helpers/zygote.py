@@ -44,8 +44,9 @@ PRELOAD = ("torch", "transformers", "transformers.modeling_utils", "transformers
 
 # --------------------------------------------------------------------------- the server (its own process)
 def serve(path: str) -> None:
-    """Import :data:`PRELOAD`, listen on the Unix socket ``path``, fork a child per request; never returns in
-    the server. In a child it returns the request, for ``__main__`` below to run outside every server frame."""
+    """Import :data:`PRELOAD`, listen on the Unix socket ``path``, fork a child per request. The server never
+    returns (it exits when the test process is gone); a child returns its request, for ``__main__`` below to
+    run outside every server frame."""
     from rlhf_train.infra.cpu_defaults import set_cpu_defaults
 
     set_cpu_defaults()  # before torch, as rlhf_train/__main__.py does
@@ -104,7 +105,8 @@ def _child_fds(fds: list[int]) -> None:
 
 
 def run_child(request: dict) -> None:
-    """Become ``python -m rlhf_train ARGS`` (in the forked child); raises SystemExit with its exit code."""
+    """Become ``python -m rlhf_train ARGS`` (in the forked child): the interpreter then exits as that command's
+    would (its SystemExit code, 1 with the traceback of an uncaught exception, else 0; atexit handlers run)."""
     import runpy
 
     if request["new_session"]:
