@@ -214,7 +214,7 @@ class ForkedRun:
     def poll(self):
         if self.returncode is None:
             try:
-                self.returncode = int(self._line(0))
+                self.wait(0)
             except subprocess.TimeoutExpired:
                 pass
         return self.returncode
@@ -222,6 +222,7 @@ class ForkedRun:
     def wait(self, timeout=None):
         if self.returncode is None:
             self.returncode = int(self._line(timeout))
+            self._conn.close()  # the server has said all it will
         return self.returncode
 
     def communicate(self, timeout=None):
