@@ -103,7 +103,7 @@ CONF = ROOT / "conf"
 
 def _help(*args) -> str:
     proc = zygote.run([*args, "--help"], cwd=ROOT, capture_output=True,
-                          text=True, timeout=120, check=False)
+                      text=True, timeout=120, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc.stdout
 
@@ -151,7 +151,7 @@ def test_help_stars_the_options_of_the_given_recipe():
 
 def test_hydra_help_stays_hydras_page_with_a_recipe_given():
     proc = zygote.run(["+recipe=smoke", "--hydra-help"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=120, check=False)
+                      capture_output=True, text=True, timeout=120, check=False)
     assert proc.returncode == 0 and proc.stdout.startswith("Hydra ("), proc.stderr[-3000:]
 
 

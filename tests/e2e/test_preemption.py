@@ -48,7 +48,7 @@ def test_sigterm_while_a_reward_function_hangs_exits_143_within_the_grace_period
            "trainer.num_threads=1", "trainer.preempt_grace_s=3", "reward_model=none",
            "+rewards.slow._target_=tests.e2e.test_preemption.hangs_on_third_call", f"hydra.run.dir={run}"]
     proc = zygote.popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env=dict(os.environ, OMP_NUM_THREADS="1", HANG_MARKER=str(marker)))
+                        env=dict(os.environ, OMP_NUM_THREADS="1", HANG_MARKER=str(marker)))
     try:
         deadline = time.monotonic() + 240
         while not marker.exists():

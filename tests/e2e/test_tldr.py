@@ -93,7 +93,7 @@ def test_tldr_offline_fails_at_start_with_one_line(tmp_path):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
            "HF_HOME": str(tmp_path / "hf"), "RLHF_TRAIN_CACHE": str(tmp_path / "cache"), "WANDB_MODE": "disabled"}
     proc = zygote.run(["+recipe=tldr_ppo", f"hydra.run.dir={tmp_path / 'run'}"],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+                      cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2, proc.stderr[-2000:]
     errors = [line for line in proc.stderr.splitlines() if line.startswith("Error:")]
     assert len(errors) == 1, proc.stderr[-2000:]

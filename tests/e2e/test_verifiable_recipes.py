@@ -76,8 +76,8 @@ def _offline(tmp_path, *overrides: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
            "HF_HOME": str(tmp_path / "hf"), "RLHF_TRAIN_CACHE": str(tmp_path / "cache"), "WANDB_MODE": "disabled"}
     return zygote.run(["+recipe=gsm8k_grpo", *overrides,
-                           f"hydra.run.dir={tmp_path / 'run'}"], cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=300)
+                       f"hydra.run.dir={tmp_path / 'run'}"], cwd=REPO, env=env, capture_output=True, text=True,
+                      timeout=300)
 
 
 def _one_error(proc: subprocess.CompletedProcess) -> str:

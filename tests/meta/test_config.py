@@ -240,7 +240,7 @@ def test_entry_point_without_arguments_resolves_to_the_default_recipe():
     (``.hydra/overrides.yaml``), and its job config is that of ``+recipe=default``."""
     env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
     proc = zygote.run(["--cfg", "all"], cwd=CONF.parent, env=env,
-                          capture_output=True, text=True, timeout=120)
+                      capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     printed = yaml.safe_load(proc.stdout)
     hydra = printed.pop("hydra")

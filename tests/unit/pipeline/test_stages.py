@@ -39,8 +39,8 @@ def test_stage_ppo_fails_at_start_from_the_command_line(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
     env.update(WANDB_MODE="disabled", RLHF_TRAIN_CACHE=str(tmp_path / "cache"))
     proc = zygote.run(["+recipe=smoke", "stage=ppo",
-                           f"hydra.run.dir={tmp_path / 'run'}"], cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=300)
+                       f"hydra.run.dir={tmp_path / 'run'}"], cwd=REPO, env=env, capture_output=True, text=True,
+                      timeout=300)
     assert proc.returncode == 2, proc.stderr[-2000:]
     errors = [line for line in proc.stderr.splitlines() if line.startswith("Error:")]
     assert len(errors) == 1 and "use stage=rl" in errors[0], proc.stderr[-2000:]

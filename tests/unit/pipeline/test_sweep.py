@@ -34,7 +34,7 @@ def _multirun(tmp_path: Path, *overrides: str) -> subprocess.CompletedProcess:
     sweep_dir = tmp_path / "sweep"
     cmd = ["-m", *FAST, *overrides, f"hydra.sweep.dir={sweep_dir}"]
     return zygote.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "WANDB_MODE": "disabled", "HYDRA_FULL_ERROR": "0"})
+                      env={**os.environ, "WANDB_MODE": "disabled", "HYDRA_FULL_ERROR": "0"})
 
 
 def _rows(sweep_dir: Path) -> list[dict]:
