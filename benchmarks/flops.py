@@ -46,6 +46,17 @@ def forward_flops(s: dict, L: int, head_positions: int) -> float:
     return 2 * s["P_mm"] * L + 4 * s["n_layer"] * L * L * s["d"] + 2 * s["d"] * s["V"] * head_positions
 
 
+def shared_forward_flops(s: dict, P: int, T: int, head_positions: int, share: int) -> float:
+    """One sequence's part of a forward pass whose ``P``-token prompt ``share`` sequences share
+    (``trainer.shared_prompt``: the prompt once per group, ``1 / share`` of it here), then its ``T`` response
+    tokens against the prompt's cache (their attention over ``P + T`` keys); ``share = 1``: :func:`forward_flops`."""
+    if share <= 1:
+        return forward_flops(s, P + T, head_positions)
+    prompt = 2 * s["P_mm"] * P + 4 * s["n_layer"] * P * P * s["d"]
+    response = 2 * s["P_mm"] * T + 4 * s["n_layer"] * T * (P + T) * s["d"]
+    return prompt / share + response + 2 * s["d"] * s["V"] * head_positions
+
+
 def generate_flops(s: dict, P: int, T: int, prefill_share: float = 1.0) -> float:
     """KV-cached generation of ``T`` tokens after a ``P``-token prompt, one sequence (``prefill_share``: the
     fraction of the prompt's prefill this sequence pays, ``1 / num_samples`` when samples share it)."""
@@ -54,34 +65,36 @@ def generate_flops(s: dict, P: int, T: int, prefill_share: float = 1.0) -> float
     return prefill_share * prefill + steps + 2 * s["d"] * s["V"] * T
 
 
-def rollout_flops(policy_lm, ref_lm, reward_model, td, policy_pass: bool, num_samples: int = 1) -> float:
+def rollout_flops(policy_lm, ref_lm, reward_model, td, policy_pass: bool, num_samples: int = 1,
+                  shared_prompt: int = 1) -> float:
     """The rollout of batch ``td``: generate (one prefill per prompt, shared by its ``num_samples`` samples);
     the policy's scoring pass (``policy_pass``: when log-probs do not come from the generation's own steps);
     one reference pass; the reward model over prompt + response (and over the batch's reference responses,
-    the reward baseline, when it has them)."""
+    the reward baseline, when it has them). ``shared_prompt``: how many rows share each prompt in the
+    scoring passes (``trainer.shared_prompt``; 1: every row whole)."""
     B, L = td["tokens", "full"].shape
     T = td["masks", "response"].shape[1]
     pol = shape_of(policy_lm)
     total = B * generate_flops(pol, L - T, T, prefill_share=1.0 / num_samples)
     if policy_pass:
-        total += B * forward_flops(pol, L, T)
+        total += B * shared_forward_flops(pol, L - T, T, T, shared_prompt)
     if ref_lm is not None:
-        total += B * forward_flops(shape_of(ref_lm), L, T)
+        total += B * shared_forward_flops(shape_of(ref_lm), L - T, T, T, shared_prompt)
     if reward_model is not None:
         rm = shape_of(reward_model)
         rm["V"] = 1  # a scalar head
-        total += B * forward_flops(rm, L, 1)
+        total += B * shared_forward_flops(rm, L - T, T, 1, shared_prompt)
         if ("next", "score_ref") in td.keys(True):
             total += B * forward_flops(rm, L, 1)  # the reference responses, about as long
     return float(total)
 
 
-def update_flops(policy_lm, td, rows: int) -> float:
+def update_flops(policy_lm, td, rows: int, shared_prompt: int = 1) -> float:
     """``rows`` sequences of ``td``'s width through forward + backward (3 × a forward, the LM head at the
-    response positions only, as the update computes it)."""
+    response positions only, as the update computes it; ``shared_prompt`` rows sharing each prompt)."""
     L = td["tokens", "full"].shape[1]
     T = td["masks", "response"].shape[1]
-    return float(rows * 3 * forward_flops(shape_of(policy_lm), L, T))
+    return float(rows * 3 * shared_forward_flops(shape_of(policy_lm), L - T, T, T, shared_prompt))
 
 
 def gemm_gflop_per_s(width: int, vocab: int, tokens: int, repeats: int = 5) -> float:

@@ -6,7 +6,8 @@ iterations, then one instrumented iteration of the loop's own ``step``, and prin
 
 * ``passes``: forward passes per model (``policy``, ``reference``, ``reward``), split by what called them
   (``generate`` / ``policy_scoring`` / ``reference`` / ``reward`` / ``update``): ``prefill`` calls (more
-  than one new position) and ``decode_steps`` (one position), with their batch × length shapes;
+  than one new position) and ``decode_steps`` (one position), with their batch × length shapes (a pass that
+  shares its prompts, ``trainer.shared_prompt``, is two calls: ``U × P`` distinct prompts, then ``B × T``);
 * ``large_tensors``: every new tensor an op of the step wrote (forward or backward, any phase) with at least
   ``--large-fraction`` × B·T·V elements (B rollouts, T response tokens, V vocabulary): its op, shape, MB
   and phase. ``bt_v_mb`` is the size of one ``[B, T, V]`` float32 tensor for comparison;
@@ -189,7 +190,9 @@ def main(argv=None):
         return t
 
     def new_pass(module, args, kwargs):
-        if Phase.name == "update" and torch.is_grad_enabled():
+        cache = kwargs.get("cache", kwargs.get("past_key_values"))
+        continues = cache is not None and cache.get_seq_length() > 0  # a shared prompt's responses: the same pass
+        if Phase.name == "update" and torch.is_grad_enabled() and not continues:
             passes_saved.append({})
     handles.append(trunk_of(policy.lm).register_forward_pre_hook(new_pass, with_kwargs=True))
 

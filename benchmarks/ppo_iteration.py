@@ -203,6 +203,18 @@ def one_iteration(run, state, prompts: dict) -> dict:
             "gen_tokens": int(ro.masks.response.sum()), "first_ratio": metrics["val/first_ratio"], "rollout": ro}
 
 
+def prompt_share(update, B: int, width: int, device, samples: int) -> float:
+    """Rows per prompt pass in the update: a minibatch's rows ordered by prompt (``samples`` each), split into
+    ``update.micro_batch_tokens`` slices, each slice running each prompt it holds once."""
+    from rlhf_train.algorithms.micro_batches import micro_batch_tokens
+
+    mbs = min(update.minibatch_size, B)
+    budget = micro_batch_tokens(update, device)
+    count = 1 if budget is None else min(mbs, max(1, -(-mbs * width // budget)))
+    passes = sum(len(set((rows // samples).tolist())) for rows in torch.tensor_split(torch.arange(mbs), count))
+    return mbs / passes
+
+
 class RLHFTrainBenchmark:
     """Builds the trainer's components once; :meth:`run` times one more PPO iteration on fresh prompts."""
 
@@ -267,10 +279,15 @@ class RLHFTrainBenchmark:
         rows = update.num_epochs * (B // update.minibatch_size) * update.minibatch_size
         loop_drives = getattr(backend, "drives", lambda: False)()  # one prefill per prompt, shared by its samples
         policy_pass = run.rollout.trainer_pass or not backend.with_scores  # the policy's own scoring pass runs
+        # trainer.shared_prompt: the scoring passes run each prompt once for its samples, the update once per
+        # micro-batch that holds some of them (a minibatch's rows ordered by prompt, then split)
+        shared = self.num_samples if self.cfg.trainer.shared_prompt else 1
+        update_shared = prompt_share(update, B, td["tokens", "full"].shape[1], run.accelerator.device, shared)
         gflop_rollout = flops.rollout_flops(policy_lm, reference.model if reference is not None else None,
                                             run.reward_model, td, policy_pass=policy_pass,
-                                            num_samples=self.num_samples if loop_drives else 1) / 1e9
-        gflop_update = flops.update_flops(policy_lm, td, rows) / 1e9
+                                            num_samples=self.num_samples if loop_drives else 1,
+                                            shared_prompt=shared) / 1e9
+        gflop_update = flops.update_flops(policy_lm, td, rows, shared_prompt=update_shared) / 1e9
         floor = {k_: g / self.gemm_rate for k_, g in (("rollout", gflop_rollout), ("update", gflop_update))}
         return {
             "impl": "rlhf_train",

@@ -5,7 +5,8 @@ Three ways to split a minibatch (``[mbs]`` rows of ``P+T`` padded tokens each):
 * ``update.gradient_accumulation_steps > 1``: that many equal slices of its rows, counted by Accelerate's
   ``accumulate``;
 * otherwise, without packing, equal slices of at most ``update.micro_batch_tokens`` padded tokens
-  (``rows × (P+T)``; ``null``: :data:`CPU_MICRO_BATCH_TOKENS` on a CPU, the whole minibatch on an
+  (``rows × (P+T)``, or ``prompts × P + rows × T`` when a prompt's samples share its pass,
+  ``trainer.shared_prompt``; ``null``: :data:`CPU_MICRO_BATCH_TOKENS` on a CPU, the whole minibatch on an
   accelerator). Why: the activations autograd keeps for the backward pass grow with the tokens of one
   pass (SmolLM2-135M's shape: ~50 KB per token and layer, 5.8 GB for 32 × 112 tokens through its 30
   layers), and summing the gradients of equal slices costs no FLOPs;
@@ -49,15 +50,23 @@ def counted_here(cfg: UpdateConfig) -> bool:
     return cfg.packing or cfg.gradient_accumulation_steps == 1
 
 
-def micro_batches(full_mask: torch.Tensor, idx: torch.Tensor, cfg: UpdateConfig, accelerator) -> list[torch.Tensor]:
+def micro_batches(full_mask: torch.Tensor, idx: torch.Tensor, cfg: UpdateConfig, accelerator,
+                  shared_prompts: tuple[int, int] | None = None) -> list[torch.Tensor]:
     """Row indices (into the rollout) of each micro-batch of the minibatch ``idx [mbs]``, whose attention
-    masks are ``full_mask [mbs, P+T]``."""
+    masks are ``full_mask [mbs, P+T]``. ``shared_prompts``: ``(U, P)`` when the rows (ordered by prompt) hold
+    ``U`` distinct prompts of ``P`` columns that the policy's pass runs once each
+    (:mod:`rlhf_train.models.shared_prompt`): the trunk then sees ``U·P + mbs·T`` tokens, not ``mbs·(P+T)``,
+    and the budget counts those."""
     if not cfg.packing:
         if cfg.gradient_accumulation_steps > 1:
             micro = len(idx) // cfg.gradient_accumulation_steps
             return [idx[k * micro:(k + 1) * micro] for k in range(cfg.gradient_accumulation_steps)]
         budget = micro_batch_tokens(cfg, accelerator.device)
-        count = 1 if budget is None else min(len(idx), max(1, -(-len(idx) * full_mask.shape[1] // budget)))
+        tokens = len(idx) * full_mask.shape[1]
+        if shared_prompts is not None:
+            (U, P), T = shared_prompts, full_mask.shape[1] - shared_prompts[1]
+            tokens = U * P + len(idx) * T
+        count = 1 if budget is None else min(len(idx), max(1, -(-tokens // budget)))
         if budget is not None and accelerator.num_processes > 1:  # as many backward passes on every process
             count = int(accelerator.gather(torch.tensor([count], device=accelerator.device)).max().item())
         return list(torch.tensor_split(idx, count))

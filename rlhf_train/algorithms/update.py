@@ -13,8 +13,11 @@ from rlhf_train.algorithms.configs import UpdateConfig
 from rlhf_train.algorithms.micro_batches import accumulation, micro_batches
 from rlhf_train.core.containers import Rollout
 from rlhf_train.core.mismatch import mismatch_kl_sums
+from rlhf_train.core.prompt_groups import prompt_groups
 from rlhf_train.core.sampling import SamplingParams
 from rlhf_train.infra.faults import Faults
+from rlhf_train.models.scoring import lm_trunk_and_head
+from rlhf_train.models.shared_prompt import shares_prompts
 
 
 def policy_forward(policy, mb: Rollout, sampling: SamplingParams, with_entropy: bool,
@@ -50,6 +53,8 @@ def minibatch_update(policy, optimizer, lr_scheduler, accelerator, rollout: Roll
     mean of ½ (sampler − trainer)², k2; :func:`rlhf_train.core.mismatch.mismatch_kl_sums`).
     """
     B = rollout.batch_size[0]
+    prompt_len = rollout.tokens.full.shape[1] - rollout.masks.response.shape[1]
+    shares = shares_prompts(lm_trunk_and_head(accelerator.unwrap_model(policy).lm)[0])  # trainer.shared_prompt
     mbs, accum = cfg.minibatch_size, cfg.gradient_accumulation_steps
     all_stats: list[dict] = []
     good_stats: list[dict] = []
@@ -66,7 +71,12 @@ def minibatch_update(policy, optimizer, lr_scheduler, accelerator, rollout: Roll
             token_scale = accelerator.num_processes * accum / n_global.clamp(min=1).item()
             mb_stats = []
             skipped = False
-            rows = micro_batches(rollout.masks.full[idx], idx, cfg, accelerator)  # packing: by token budget
+            groups = None if cfg.packing or not shares else prompt_groups(rollout.tokens.full[idx],
+                                                                          rollout.masks.full[idx], prompt_len)
+            if groups is not None:  # a prompt's samples adjacent, so a micro-batch runs their shared prompt once
+                idx = idx[groups[1].argsort(stable=True)]
+            rows = micro_batches(rollout.masks.full[idx], idx, cfg, accelerator,  # packing: by token budget
+                                 None if groups is None else (len(groups[0]), prompt_len))
             for k, mb_rows in enumerate(rows):
                 mb = rollout[mb_rows]
                 with accumulation(accelerator, policy, cfg, last=k == len(rows) - 1):

@@ -214,6 +214,7 @@ class TrainerSchema:
     preempt_grace_s: Optional[float] = 25.0
     precision: Optional[str] = None      # fp32 | bf16 | fp16 (null: accelerate launch's, else fp32)
     fp32_lm_head: bool = True
+    shared_prompt: bool = True
     mixed_precision: Optional[str] = None  # the older name of precision (no | bf16 | fp16), mapped to it
     cpu: bool = False
     num_threads: Optional[int] = None

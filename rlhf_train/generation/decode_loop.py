@@ -31,13 +31,7 @@ from rlhf_train.core.sampling import SamplingParams, sample_filtered, sample_voc
 from rlhf_train.generation.base import Generation, finish, pad_steps
 from rlhf_train.generation.hf_generate import HFGenerateBackend
 from rlhf_train.models.scoring import lm_trunk_and_head, vocab_major_logits
-
-
-def cache_argument(trunk: nn.Module) -> str | None:
-    """The name the trunk's forward takes its KV cache by: ``cache`` (transformers >= 5.24) or
-    ``past_key_values`` (older releases; deprecated since), or ``None``."""
-    params = inspect.signature(trunk.forward).parameters
-    return next((name for name in ("cache", "past_key_values") if name in params), None)
+from rlhf_train.models.shared_prompt import cache_argument, cache_of
 
 
 def can_drive(lm: nn.Module) -> bool:
@@ -81,12 +75,6 @@ def repeat_rows(cache, repeats: int) -> None:
         layer.values = layer.values.repeat_interleave(repeats, 0)
 
 
-def _cache_of(out):
-    """The KV cache a trunk's output carries (``cache`` in transformers >= 5.24, ``past_key_values`` before)."""
-    cache = out.get("cache", None)
-    return cache if cache is not None else out.past_key_values
-
-
 def pick_next(logits_t: torch.Tensor, sampling: SamplingParams, do_sample: bool):
     """Next tokens ``[B]`` (and their log-probs ``[B]`` under the temperature alone, or None when greedy)
     from vocabulary-major logits ``[V, B]`` (overwritten). top-k / top-p pick which tokens can be drawn
@@ -126,7 +114,7 @@ def sample_with_cache(lm: nn.Module, prompt: torch.Tensor, prompt_mask: torch.Te
     else:
         mask = prompt_mask.long()
         out = trunk(input_ids=prompt, attention_mask=mask, position_ids=positions, use_cache=True)
-    cache, h = _cache_of(out), out.last_hidden_state[:, -1]        # h [N, H] predicts the next token
+    cache, h = cache_of(out), out.last_hidden_state[:, -1]        # h [N, H] predicts the next token
     if num_samples > 1:                                            # one prefill per prompt, then B rows
         repeat_rows(cache, num_samples)
         h, mask, positions = (x.repeat_interleave(num_samples, 0) for x in (h, mask, positions))
@@ -150,7 +138,7 @@ def sample_with_cache(lm: nn.Module, prompt: torch.Tensor, prompt_mask: torch.Te
             mask = torch.cat([mask, mask.new_ones(B, 1)], dim=1)
         out = trunk(input_ids=token[:, None], attention_mask=mask, position_ids=position, use_cache=True,
                     **{cache_kw: cache})
-        cache, h = _cache_of(out), out.last_hidden_state[:, -1]
+        cache, h = cache_of(out), out.last_hidden_state[:, -1]
         position = position + 1
     return (torch.stack(tokens, 1), torch.stack(log_probs, 1) if log_probs else None,
             torch.stack(hidden, 1) if keep_hidden else None)

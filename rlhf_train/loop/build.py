@@ -44,6 +44,7 @@ from rlhf_train.loop.components import (
 )
 from rlhf_train.loop.precision import ACCELERATE_NAMES, check_device_precision, decide_precision
 from rlhf_train.models.scoring import set_fp32_lm_head
+from rlhf_train.models.shared_prompt import set_shared_prompt
 from rlhf_train.rollout.multi_turn import MultiTurnRollout
 from rlhf_train.rollout.rollout_from_model import RolloutFromModel, special_ids
 
@@ -154,6 +155,9 @@ def build_run(cfg: DictConfig, accelerator=None, run_dir: str | Path | None = No
             set_fp32_lm_head(lm, cfg.trainer.fp32_lm_head)
     reward_model = build_reward_model(cfg, tokenizer, device)
     sources = build_sources(cfg, tokenizer, reward_model, device)
+    for model in (policy, ref_model, *(getattr(s, "model", None) for s, _ in sources.values())):
+        if isinstance(model, torch.nn.Module):  # trainer.shared_prompt, on the trunks (as the head's setting)
+            set_shared_prompt(model, cfg.trainer.shared_prompt)
     kl_controller = instantiate_or_config_error(cfg.kl_controller)
     checks.check_built(cfg, tokenizer, policy, reward_model, sources, dataset)
     # 3. optimizer, schedule, data; Accelerate prepares them

@@ -22,8 +22,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from rlhf_train.core.containers import last_token_index
+from rlhf_train.core.containers import last_token_index, position_ids_from_mask
 from rlhf_train.infra.errors import ConfigError
+from rlhf_train.models.shared_prompt import trunk_hidden
 
 
 def is_sequence_classifier_dir(path: str) -> bool:
@@ -98,6 +99,25 @@ class SequenceClassifierRewardModel(nn.Module):
         rewards = torch.zeros(input_ids.shape, dtype=end_scores.dtype, device=input_ids.device)
         rewards.scatter_(-1, last_token_index(attention_mask)[:, None], end_scores[:, None])
         return rewards, end_scores
+
+    @torch.no_grad()
+    def shared_prompt_scores(self, full: torch.Tensor, full_mask: torch.Tensor, prompt_len: int) -> torch.Tensor | None:
+        """``[B]`` the scores of ``forward``, from the rollout's own layout (left-padded prompts of ``prompt_len``
+        columns, then the responses) with each prompt that several rows share run once
+        (:func:`rlhf_train.models.shared_prompt.trunk_hidden`); ``None`` when that does not apply (a re-encoding
+        model, a classifier whose head is not a ``score`` linear layer). Positions count from each row's first
+        real token and the score is read at its last token whose id is not the pad id: what the model's forward
+        does on the right-padded rows ``forward`` receives, to float rounding."""
+        trunk = getattr(self.model, getattr(self.model, "base_model_prefix", ""), None)
+        head = getattr(self.model, "score", None)
+        if self.reencodes or not isinstance(trunk, nn.Module) or not isinstance(head, nn.Linear):
+            return None
+        mask = full_mask.bool()
+        not_pad = mask & (full != self.model.config.pad_token_id)
+        columns = torch.arange(full.shape[1], device=full.device)
+        last = torch.where(not_pad.any(-1), (columns * not_pad).argmax(-1), mask.long().argmax(-1))
+        hidden = trunk_hidden(trunk, full, full_mask, prompt_len, position_ids_from_mask(full_mask))
+        return head(hidden[torch.arange(full.shape[0], device=full.device), last]).float()[:, 0]
 
     def score_sequences(self, sequences) -> torch.Tensor | None:
         """The chat-aware path (re-encoding with a chat template and a ``messages`` column); ``None`` when it

@@ -26,6 +26,7 @@ from rlhf_train.models.hf_reward_model import (
 )
 from rlhf_train.models.loading import build_causal_lm, check_loadable
 from rlhf_train.models.model_dirs import check_finite, check_model_dir, load_errors
+from rlhf_train.models.shared_prompt import trunk_hidden
 
 
 # --------------------------------------------------------------------------------------------
@@ -80,6 +81,15 @@ class RewardModel(nn.Module):
         rewards = self.head(hidden.float()).squeeze(-1) - self.bias
         end_scores = rewards.gather(-1, last_token_index(attention_mask)[:, None]).squeeze(-1)
         return rewards, end_scores
+
+    @torch.no_grad()
+    def shared_prompt_scores(self, full: torch.Tensor, full_mask: torch.Tensor, prompt_len: int) -> torch.Tensor:
+        """``[B]`` the end scores of ``forward``, from the rollout's own layout (left-padded prompts of
+        ``prompt_len`` columns, then the responses) with each prompt that several rows share run once
+        (:func:`rlhf_train.models.shared_prompt.trunk_hidden`); to float rounding the scores ``forward`` gives."""
+        hidden = trunk_hidden(self.trunk, full, full_mask, prompt_len, position_ids_from_mask(full_mask))
+        end = hidden[torch.arange(full.shape[0], device=full.device), last_token_index(full_mask)]
+        return self.head(end.float()).squeeze(-1) - self.bias
 
     def head_features(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """``[B, H]``: the hidden state the end score is read from (last attended token); for training

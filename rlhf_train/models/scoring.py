@@ -34,21 +34,17 @@ from rlhf_train.core.logprob_kernel import (
     logprobs_of_labels,
 )
 from rlhf_train.core.sampling import process_logits
+from rlhf_train.models.shared_prompt import trunk_hidden
 
 
 def response_hidden(trunk: nn.Module, full: torch.Tensor, full_mask: torch.Tensor, prompt_len: int) -> torch.Tensor:
     """Hidden states ``[B, T, H]`` that predict each response token: positions ``P-1 … P+T-2``.
 
-    One forward pass over ``full [B, P+T]``; position ids follow the attention mask so left-padded
-    prompts see the same positions as in ``generate``.
+    One forward pass over ``full [B, P+T]`` (a prompt that several rows share runs once:
+    :func:`rlhf_train.models.shared_prompt.trunk_hidden`); position ids follow the attention mask so
+    left-padded prompts see the same positions as in ``generate``.
     """
-    out = trunk(
-        input_ids=full,
-        attention_mask=full_mask.long(),
-        position_ids=position_ids_from_mask(full_mask),
-        use_cache=False,
-    )
-    hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
+    hidden = trunk_hidden(trunk, full, full_mask, prompt_len, position_ids_from_mask(full_mask))
     return hidden[:, prompt_len - 1 : -1]
 
 

@@ -35,6 +35,7 @@ import torch
 from tensordict import TensorDict
 
 from rlhf_train.core.containers import right_pad
+from rlhf_train.core.prompt_groups import prompt_groups
 from rlhf_train.rewards.function_source import FunctionRewardSource, RewardFunctionError  # noqa: F401 (re-exported)
 
 
@@ -78,6 +79,9 @@ class RewardModelSource:
         scores = chat_aware(sequences) if chat_aware is not None else None
         if scores is not None:
             return scores.float().to(sequences.full.device)
+        shared = self.shared_prompt_scores(sequences)
+        if shared is not None:
+            return shared
         ids, mask = right_pad(sequences.full, sequences.full_mask, self.pad_token_id)
         width = int(mask.sum(-1).max()) if mask.numel() else 0
         ids, mask = ids[:, :max(width, 1)], mask[:, :max(width, 1)]  # drop all-padding columns
@@ -89,6 +93,23 @@ class RewardModelSource:
             out.append(end_scores.reshape(-1).float().to(sequences.full.device))
         return torch.cat(out) if out else torch.zeros(0, device=sequences.full.device)
 
+
+    def shared_prompt_scores(self, sequences: Sequences) -> torch.Tensor | None:
+        """The scores with each prompt that several rows share run through the model once (GRPO's samples of a
+        prompt: the model's ``shared_prompt_scores``, :mod:`rlhf_train.models.shared_prompt`), in the rollout's
+        own layout; ``None`` when no two rows share a prompt or the model has no such path (then every row is
+        right-padded and scored whole)."""
+        scores_of = getattr(self.model, "shared_prompt_scores", None)
+        full, mask, P = sequences.full, sequences.full_mask, sequences.prompt_len
+        if scores_of is None or P is None or prompt_groups(full, mask, P) is None:
+            return None
+        device = next(self.model.parameters()).device
+        step = self.batch_size or full.shape[0]
+        out = [scores_of(full[a:a + step].to(device), mask[a:a + step].to(device), P)
+               for a in range(0, full.shape[0], step)]
+        if any(o is None for o in out):
+            return None
+        return torch.cat(out).reshape(-1).float().to(full.device)
 
 @dataclass
 class RewardReport:

@@ -27,8 +27,9 @@ def policy_of(arch: dict, lora: dict | None = None):
     return policy.eval()
 
 
-def unequal_rollout(lengths=LENGTHS):
-    """Left-padded prompts, right-padded responses of the given lengths, every field the losses read."""
+def unequal_rollout(lengths=LENGTHS, groups=None):
+    """Left-padded prompts, right-padded responses of the given lengths, every field the losses read.
+    ``groups`` (one id per row): rows of one id get the prompt of its first row (their prompt lengths agree)."""
     from rlhf_train.core.containers import Masks, Rollout, Tokens
 
     B = len(lengths)
@@ -37,7 +38,10 @@ def unequal_rollout(lengths=LENGTHS):
     prompt_mask = torch.arange(P)[None] >= (P - plen)[:, None]
     response_mask = torch.arange(T)[None] < rlen[:, None]
     full_mask = torch.cat([prompt_mask, response_mask], 1)
-    full = torch.randint(2, V, (B, P + T), generator=g).masked_fill(~full_mask, 1)
+    full = torch.randint(2, V, (B, P + T), generator=g)
+    for b, group in enumerate(groups or []):
+        full[b, :P] = full[list(groups).index(group), :P]
+    full = full.masked_fill(~full_mask, 1)
     noise = lambda: torch.randn(B, T, generator=g).masked_fill(~response_mask, 0.0)  # noqa: E731
     return Rollout(
         tokens=Tokens(prompt=full[:, :P], response=full[:, P:], full=full, batch_size=[B]),
