@@ -5,7 +5,10 @@ trunk's q/k/v, o, gate/up and down projections of every layer, then the LM head)
 times exactly those matmuls, on weights of a shape in ``shapes.py`` (distinct tensors per layer, as in the model,
 so none stays in cache), and sets them against a large GEMM's rate and the memory bandwidth (one read of all
 the weights per step). One JSON line: the step's matmul seconds, its GFLOP/s, the bytes/s it streams, the
-large-GEMM rate, the bandwidth, and the seconds of ``new_tokens`` steps.
+large-GEMM rate, the bandwidth, and the seconds of ``new_tokens`` steps; then the same step with the trunk's
+weights MKL-packed for ``rows`` rows (what the decode loop does, ``rlhf_train/generation/packed_weights.py``),
+``step_matmul_packed_s``, and the seconds packing all of them takes (``pack_s``, once per generation call). The
+plain and packed steps alternate, ``--rounds`` times; the best of each is printed.
 
     python benchmarks/decode_gemm.py --shape smollm2 --rows 32
 """
@@ -39,6 +42,7 @@ def main() -> None:
     ap.add_argument("--shape", default="smollm2", choices=[k for k, v in SHAPES.items() if v["arch"] == "llama"])
     ap.add_argument("--rows", type=int, default=32)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     s = SHAPES[args.shape]
@@ -54,7 +58,22 @@ def main() -> None:
             F.linear(x, qkv), F.linear(x, o), F.linear(x, gate_up), F.linear(xi, down)
         torch.mm(head, x.t())  # the LM head, vocabulary-major as the decode loop computes it
 
-    step_s = best_of(step)
+    def packed_step():
+        for (qkv, o, gate_up, down), (p_qkv, p_o, p_gate_up, p_down) in zip(weights, packed):
+            mkl_linear(x, p_qkv, qkv), mkl_linear(x, p_o, o), mkl_linear(x, p_gate_up, gate_up)
+            mkl_linear(xi, p_down, down)
+        torch.mm(head, x.t())
+
+    def pack():
+        return [[torch.ops.mkl._mkl_reorder_linear_weight(w, args.rows) for w in layer] for layer in weights]
+
+    mkl_linear = lambda x_, p, w: torch.ops.mkl._mkl_linear(x_, p, w, None, args.rows)  # noqa: E731
+    start = time.perf_counter()
+    packed = pack()
+    pack_s = time.perf_counter() - start
+    step_s, packed_s = float("inf"), float("inf")
+    for _ in range(args.rounds):  # alternating: the machine's speed changes between them alike
+        step_s, packed_s = min(step_s, best_of(step)), min(packed_s, best_of(packed_step))
     params = sum(w.numel() for layer in weights for w in layer) + head.numel()
     big = torch.randn(2048, 2048)
     gemm = 2 * 2048 ** 3 / best_of(lambda: big @ big) / 1e9
@@ -66,7 +85,9 @@ def main() -> None:
                           step_weight_mb=round(params * 4 / 1e6), step_gb_per_s=round(params * 4 / step_s / 1e9, 1),
                           large_gemm_gflop_per_s=round(gemm, 1), memory_read_gb_per_s=round(read, 1),
                           new_tokens=s["new_tokens"], decode_matmul_s=round(s["new_tokens"] * step_s, 2),
-                          decode_matmul_at_large_gemm_rate_s=round(s["new_tokens"] * flops / gemm / 1e9, 2))))
+                          decode_matmul_at_large_gemm_rate_s=round(s["new_tokens"] * flops / gemm / 1e9, 2),
+                          step_matmul_packed_s=round(packed_s, 4), pack_s=round(pack_s, 3),
+                          decode_matmul_packed_s=round(s["new_tokens"] * packed_s, 2))))
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ from rlhf_train.core.containers import is_eos, position_ids_from_mask
 from rlhf_train.core.sampling import SamplingParams, sample_filtered, sample_vocab_major
 from rlhf_train.generation.base import Generation, finish, pad_steps
 from rlhf_train.generation.hf_generate import HFGenerateBackend
+from rlhf_train.generation.packed_weights import packed_linears
 from rlhf_train.models.scoring import lm_trunk_and_head, vocab_major_logits
 from rlhf_train.models.shared_prompt import cache_argument, cache_of
 
@@ -122,24 +123,25 @@ def sample_with_cache(lm: nn.Module, prompt: torch.Tensor, prompt_mask: torch.Te
     finished = torch.zeros(B, dtype=torch.bool, device=prompt.device)
     tokens, log_probs, hidden = [], [], []
     logits_buffer = None  # [V, B], reused every step (the sampler overwrites it)
-    for t in range(max_new_tokens):
-        if keep_hidden:
-            hidden.append(h)
-        logits_t = logits_buffer = vocab_major_logits(head, h, out=logits_buffer)
-        token, log_prob = pick_next(logits_t, sampling, do_sample)
-        token = token.masked_fill_(finished, pad_token_id)
-        tokens.append(token)
-        if log_prob is not None:
-            log_probs.append(log_prob)
-        finished |= is_eos(token, eos_token_id)
-        if t == max_new_tokens - 1 or bool(finished.all()):
-            break
-        if static is None:
-            mask = torch.cat([mask, mask.new_ones(B, 1)], dim=1)
-        out = trunk(input_ids=token[:, None], attention_mask=mask, position_ids=position, use_cache=True,
-                    **{cache_kw: cache})
-        cache, h = cache_of(out), out.last_hidden_state[:, -1]
-        position = position + 1
+    with packed_linears(trunk, B):  # the decode steps' [B, H] matmuls on MKL-packed weights (CPU, float32)
+        for t in range(max_new_tokens):
+            if keep_hidden:
+                hidden.append(h)
+            logits_t = logits_buffer = vocab_major_logits(head, h, out=logits_buffer)
+            token, log_prob = pick_next(logits_t, sampling, do_sample)
+            token = token.masked_fill_(finished, pad_token_id)
+            tokens.append(token)
+            if log_prob is not None:
+                log_probs.append(log_prob)
+            finished |= is_eos(token, eos_token_id)
+            if t == max_new_tokens - 1 or bool(finished.all()):
+                break
+            if static is None:
+                mask = torch.cat([mask, mask.new_ones(B, 1)], dim=1)
+            out = trunk(input_ids=token[:, None], attention_mask=mask, position_ids=position, use_cache=True,
+                        **{cache_kw: cache})
+            cache, h = cache_of(out), out.last_hidden_state[:, -1]
+            position = position + 1
     return (torch.stack(tokens, 1), torch.stack(log_probs, 1) if log_probs else None,
             torch.stack(hidden, 1) if keep_hidden else None)
 

@@ -1,0 +1,64 @@
+"""MKL-packed weights in the decode loop (rlhf_train/generation/packed_weights.py): the packed GEMM gives
+``nn.functional.linear``'s results, other row counts take the plain path, the layers are restored afterwards,
+and the decode loop samples the same tokens and log-probs with and without it.
+
+Budget: ~3 s on 2 CPU cores.
+"""
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import torch
+from torch import nn
+
+from rlhf_train.generation.packed_weights import packed_linears, packing_available
+
+pytestmark = pytest.mark.skipif(not packing_available(), reason="this torch has no MKL packed linear")
+
+
+@torch.no_grad()
+def test_packed_linear_equals_the_plain_linear_and_is_removed_afterwards():
+    torch.manual_seed(0)
+    trunk = nn.Sequential(nn.Linear(24, 40), nn.Linear(40, 24, bias=False))
+    x3, x5 = torch.randn(3, 1, 24), torch.randn(5, 24)
+    plain3, plain5 = trunk(x3), trunk(x5)
+    with packed_linears(trunk, rows=3):
+        assert all("forward" in m.__dict__ for m in trunk)
+        torch.testing.assert_close(trunk(x3), plain3, rtol=1e-6, atol=1e-6)  # packed: 3 rows
+        torch.testing.assert_close(trunk(x5), plain5, rtol=0, atol=0)         # 5 rows: the plain path
+    assert not any("forward" in m.__dict__ for m in trunk)
+    torch.testing.assert_close(trunk(x3), plain3, rtol=0, atol=0)
+
+
+def test_nothing_is_packed_while_gradients_are_recorded():
+    trunk = nn.Sequential(nn.Linear(8, 8))
+    with packed_linears(trunk, rows=2):
+        assert "forward" not in trunk[0].__dict__
+
+
+def test_the_decode_loop_samples_the_same_tokens_with_packed_weights(monkeypatch):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    import rlhf_train.generation.decode_loop as decode_loop
+
+    torch.manual_seed(0)
+    lm = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, bos_token_id=0, eos_token_id=0,
+                                      pad_token_id=1)).eval()
+    prompt = torch.tensor([[1, 1, 5, 6, 7], [8, 9, 10, 11, 12]])
+    mask = (prompt != 1).long()
+
+    def sample():
+        torch.manual_seed(1)
+        return decode_loop.sample_with_cache(lm, prompt, mask, max_new_tokens=6, eos_token_id=0, pad_token_id=1,
+                                             num_samples=2)
+
+    rows, real = [], decode_loop.packed_linears
+    monkeypatch.setattr(decode_loop, "packed_linears", lambda trunk, n: rows.append(n) or real(trunk, n))
+    tokens, log_probs, _ = sample()
+    assert rows == [4]  # the decode steps of 2 prompts x 2 samples
+    monkeypatch.setattr(decode_loop, "packed_linears", lambda trunk, n: contextlib.nullcontext())
+    tokens0, log_probs0, _ = sample()
+    assert torch.equal(tokens, tokens0)
+    torch.testing.assert_close(log_probs, log_probs0, rtol=1e-5, atol=1e-6)
