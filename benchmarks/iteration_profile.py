@@ -75,13 +75,17 @@ class LargeTensors(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         inputs = {a.untyped_storage().data_ptr() for a in torch.utils._pytree.tree_leaves((args, kwargs))
-                  if isinstance(a, torch.Tensor)}
+                  if _strided(a)}  # not the decode loop's MKL-packed weights (opaque: no storage to read)
         for t in (out if isinstance(out, (tuple, list)) else (out,)):
-            if (isinstance(t, torch.Tensor) and t.numel() >= self.threshold and Phase.name != "other"
+            if (_strided(t) and t.numel() >= self.threshold and Phase.name != "other"
                     and t.untyped_storage().data_ptr() not in inputs):  # written memory, not a view or in place
                 self.seen.append({"phase": Phase.name, "op": str(func.overloadpacket.__name__),
                                   "shape": list(t.shape), "mb": round(t.numel() * t.element_size() / 2**20, 1)})
         return out
+
+
+def _strided(t) -> bool:
+    return isinstance(t, torch.Tensor) and t.layout == torch.strided and not t.is_mkldnn
 
 
 class RSSSampler(threading.Thread):
@@ -135,6 +139,9 @@ def trunk_of(model):
         return None
     if hasattr(model, "get_output_embeddings") and model.get_output_embeddings() is not None:
         return lm_trunk_and_head(model)[0]
+    inner = getattr(model, "model", None)  # an HF sequence classifier inside rlhf_train's reward-model wrapper
+    if hasattr(inner, "base_model") and not hasattr(model, "base_model"):
+        return inner.base_model
     return getattr(model, "base_model", None) or getattr(model, "trunk", model)
 
 
