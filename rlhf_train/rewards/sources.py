@@ -93,7 +93,6 @@ class RewardModelSource:
             out.append(end_scores.reshape(-1).float().to(sequences.full.device))
         return torch.cat(out) if out else torch.zeros(0, device=sequences.full.device)
 
-
     def shared_prompt_scores(self, sequences: Sequences) -> torch.Tensor | None:
         """The scores with each prompt that several rows share run through the model once (GRPO's samples of a
         prompt: the model's ``shared_prompt_scores``, :mod:`rlhf_train.models.shared_prompt`), in the rollout's
@@ -110,6 +109,7 @@ class RewardModelSource:
         if any(o is None for o in out):
             return None
         return torch.cat(out).reshape(-1).float().to(full.device)
+
 
 @dataclass
 class RewardReport:
