@@ -98,7 +98,6 @@ def trunk_hidden(trunk: nn.Module, full: torch.Tensor, full_mask: torch.Tensor, 
     P, key = prompt_len, cache_argument(trunk)
     prompt_out = trunk(input_ids=full[first, :P], attention_mask=full_mask[first, :P].long(),
                        position_ids=position_ids[first, :P], use_cache=True, **{key: cache})
-    cache = cache_of(prompt_out) if cache_of(prompt_out) is not None else cache
     cache.batch_select_indices(inverse)  # every row its prompt's keys and values
     response_out = trunk(input_ids=full[:, P:], attention_mask=full_mask.long(), position_ids=position_ids[:, P:],
                          use_cache=True, **{key: cache})

@@ -72,3 +72,12 @@ def loss_and_grads(policy, rollout, name: str, packed: bool):
     return loss.detach(), {n: p.grad.clone() for n, p in policy.named_parameters() if p.grad is not None}
 
 
+
+
+def assert_same(reference, other):
+    """``(loss, {name: grad})`` pairs agree: the loss and every parameter's gradient to 1e-5 relative."""
+    (loss0, grads0), (loss1, grads1) = reference, other
+    assert abs(loss1 - loss0) <= 1e-5 * abs(loss0)
+    assert grads0.keys() == grads1.keys() and grads0
+    for name, g0 in grads0.items():
+        assert (grads1[name] - g0).norm() <= 1e-5 * g0.norm() + 1e-12, name

@@ -11,14 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.helpers.packing import GPT2, LENGTHS, LLAMA, P, loss_and_grads, policy_of, unequal_rollout
-
-def assert_same(padded, packed):
-    (loss0, grads0), (loss1, grads1) = padded, packed
-    assert abs(loss1 - loss0) <= 1e-5 * abs(loss0)
-    assert grads0.keys() == grads1.keys() and grads0
-    for name, g0 in grads0.items():
-        assert (grads1[name] - g0).norm() <= 1e-5 * g0.norm() + 1e-12, name
+from tests.helpers.packing import GPT2, LENGTHS, LLAMA, P, assert_same, loss_and_grads, policy_of, unequal_rollout
 
 
 @pytest.mark.parametrize("arch", [GPT2, LLAMA], ids=["gpt2", "llama"])
