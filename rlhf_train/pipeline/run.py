@@ -130,7 +130,7 @@ def run_evaluation(cfg, run_dir: Path, tokenizer, judge, policy_dir: str, rm_dir
     with timer("evaluate"):
         prompts = eval_prompts(cfg, tokenizer)
         ref = AutoModelForCausalLM.from_pretrained(policy_dir).eval().requires_grad_(False)
-        after_lm = AutoModelForCausalLM.from_pretrained(str(Path(rl_dir) / "policy")).eval()
+        after_lm = AutoModelForCausalLM.from_pretrained(str(Path(rl_dir) / "policy")).eval().requires_grad_(False)
         sources = eval_sources(cfg, tokenizer, rm_dir)
         try:
             before = evaluate_policy(ref, ref, sources, tokenizer, prompts, cfg, judge)

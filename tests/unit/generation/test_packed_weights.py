@@ -1,6 +1,7 @@
 """MKL-packed weights in the decode loop (rlhf_train/generation/packed_weights.py): the packed GEMM gives
 ``nn.functional.linear``'s results, other row counts take the plain path, the layers are restored afterwards,
-and the decode loop samples the same tokens and log-probs with and without it.
+a frozen trunk's packed copies are kept between calls (one trunk at a time), freed copies are followed by a heap
+trim, and the decode loop samples the same tokens and log-probs with and without it.
 
 Budget: ~3 s on 2 CPU cores.
 """
@@ -12,6 +13,7 @@ import pytest
 import torch
 from torch import nn
 
+from rlhf_train.generation import packed_weights
 from rlhf_train.generation.packed_weights import packed_linears, packing_available
 
 pytestmark = pytest.mark.skipif(not packing_available(), reason="this torch has no MKL packed linear")
@@ -20,8 +22,8 @@ pytestmark = pytest.mark.skipif(not packing_available(), reason="this torch has 
 @torch.no_grad()
 def test_packed_linear_equals_the_plain_linear_and_is_removed_afterwards():
     torch.manual_seed(0)
-    trunk = nn.Sequential(nn.Linear(24, 40), nn.Linear(40, 24, bias=False))
-    x3, x5 = torch.randn(3, 1, 24), torch.randn(5, 24)
+    trunk = nn.Sequential(nn.Linear(64, 96), nn.Linear(96, 64, bias=False))
+    x3, x5 = torch.randn(3, 1, 64), torch.randn(5, 64)
     plain3, plain5 = trunk(x3), trunk(x5)
     with packed_linears(trunk, rows=3):
         assert all("forward" in m.__dict__ for m in trunk)
@@ -31,8 +33,45 @@ def test_packed_linear_equals_the_plain_linear_and_is_removed_afterwards():
     torch.testing.assert_close(trunk(x3), plain3, rtol=0, atol=0)
 
 
+@torch.no_grad()
+def test_a_frozen_trunk_keeps_its_packed_weights_until_they_change_or_another_trunk_is_packed(monkeypatch):
+    trims = []
+    monkeypatch.setattr(packed_weights, "_trim_heap", lambda: trims.append(1))
+    torch.manual_seed(0)
+    frozen = nn.Sequential(nn.Linear(64, 64), nn.Linear(64, 8)).requires_grad_(False)  # 8 wide: a LoRA factor
+
+    def packs(trunk):
+        with packed_linears(trunk, rows=2):
+            return [m.forward.packed if "forward" in m.__dict__ else None for m in trunk]
+
+    first = packs(frozen)
+    assert first[1] is None                                   # narrower than _MIN_WIDTH: left plain
+    assert packs(frozen)[0] is first[0] and trims == []       # kept: the same packed tensor, nothing freed
+    frozen[0].weight.mul_(2)                                  # an in-place change bumps the version counter
+    again = packs(frozen)[0]
+    assert again is not first[0] and trims == [1]             # packed anew; the stale copy freed, heap trimmed
+    x = torch.randn(2, 64)
+    with packed_linears(frozen, rows=2):
+        torch.testing.assert_close(frozen[0](x), nn.functional.linear(x, frozen[0].weight, frozen[0].bias))
+    other = nn.Sequential(nn.Linear(64, 64)).requires_grad_(False)
+    packs(other)
+    assert list(packed_weights._KEPT) == [other] and trims == [1, 1]  # one trunk's copies kept at a time
+
+
+@torch.no_grad()
+def test_a_trainable_trunk_is_packed_anew_every_call_and_the_heap_trimmed(monkeypatch):
+    trims = []
+    monkeypatch.setattr(packed_weights, "_trim_heap", lambda: trims.append(1))
+    trunk = nn.Sequential(nn.Linear(64, 64))
+    with packed_linears(trunk, rows=2):
+        first = trunk[0].forward.packed
+    with packed_linears(trunk, rows=2):
+        assert trunk[0].forward.packed is not first
+    assert len(trims) == 2 and packed_weights._KEPT[trunk] == {}
+
+
 def test_nothing_is_packed_while_gradients_are_recorded():
-    trunk = nn.Sequential(nn.Linear(8, 8))
+    trunk = nn.Sequential(nn.Linear(64, 64))
     with packed_linears(trunk, rows=2):
         assert "forward" not in trunk[0].__dict__
 
@@ -40,10 +79,10 @@ def test_nothing_is_packed_while_gradients_are_recorded():
 def test_the_decode_loop_samples_the_same_tokens_with_packed_weights(monkeypatch):
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    import rlhf_train.generation.decode_loop as decode_loop
+    from rlhf_train.generation import decode_loop
 
     torch.manual_seed(0)
-    lm = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+    lm = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                                       num_attention_heads=4, num_key_value_heads=2, bos_token_id=0, eos_token_id=0,
                                       pad_token_id=1)).eval()
     prompt = torch.tensor([[1, 1, 5, 6, 7], [8, 9, 10, 11, 12]])
