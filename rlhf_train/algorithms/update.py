@@ -75,6 +75,9 @@ def minibatch_update(policy, optimizer, lr_scheduler, accelerator, rollout: Roll
                                                                           rollout.masks.full[idx], prompt_len)
             if groups is not None:  # a prompt's samples adjacent, so a micro-batch runs their shared prompt once
                 idx = idx[groups[1].argsort(stable=True)]
+            if not cfg.packing:  # shortest prompts first (groups stay whole): a micro-batch's pass drops the
+                # prompt columns that all its rows pad (models.scoring.response_hidden); the summed gradient is the same
+                idx = idx[rollout.masks.full[idx, :prompt_len].sum(-1).argsort(stable=True)]
             rows = micro_batches(rollout.masks.full[idx], idx, cfg, accelerator,  # packing: by token budget
                                  None if groups is None else (len(groups[0]), prompt_len))
             for k, mb_rows in enumerate(rows):

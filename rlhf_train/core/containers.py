@@ -69,6 +69,13 @@ def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
+def leading_padding(attention_mask: torch.Tensor) -> int:
+    """How many leading columns of ``attention_mask [B, L]`` are padding in every row (0 when a row starts with a
+    real token, or when no row has one). Dropping them changes no real token's position
+    (:func:`position_ids_from_mask`) or what it attends to."""
+    return int(attention_mask.bool().any(0).int().argmax())
+
+
 def last_token_index(attention_mask: torch.Tensor) -> torch.Tensor:
     """``[B]`` index of the last attended token (works for left, right or both-side padding)."""
     L = attention_mask.shape[-1]

@@ -26,7 +26,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from rlhf_train.core.containers import position_ids_from_mask
+from rlhf_train.core.containers import leading_padding, position_ids_from_mask
 from rlhf_train.core.logprob_kernel import (
     entropy_from_logits,
     head_logprobs_and_entropy,
@@ -42,8 +42,13 @@ def response_hidden(trunk: nn.Module, full: torch.Tensor, full_mask: torch.Tenso
 
     One forward pass over ``full [B, P+T]`` (a prompt that several rows share runs once:
     :func:`rlhf_train.models.shared_prompt.trunk_hidden`); position ids follow the attention mask so
-    left-padded prompts see the same positions as in ``generate``.
+    left-padded prompts see the same positions as in ``generate``. Prompt columns that are padding in every row
+    are dropped first (:func:`~rlhf_train.core.containers.leading_padding`: the trunk's work on them is masked
+    out anyway); the update orders its micro-batches' rows by prompt length so that they have such columns.
     """
+    lead = leading_padding(full_mask[:, :prompt_len])
+    if lead:
+        full, full_mask, prompt_len = full[:, lead:], full_mask[:, lead:], prompt_len - lead
     hidden = trunk_hidden(trunk, full, full_mask, prompt_len, position_ids_from_mask(full_mask))
     return hidden[:, prompt_len - 1 : -1]
 
