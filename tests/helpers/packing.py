@@ -72,8 +72,6 @@ def loss_and_grads(policy, rollout, name: str, packed: bool):
     return loss.detach(), {n: p.grad.clone() for n, p in policy.named_parameters() if p.grad is not None}
 
 
-
-
 def assert_same(reference, other):
     """``(loss, {name: grad})`` pairs agree: the loss and every parameter's gradient to 1e-5 relative."""
     (loss0, grads0), (loss1, grads1) = reference, other

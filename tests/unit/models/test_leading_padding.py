@@ -36,7 +36,7 @@ def trunk_widths(model):
 @pytest.mark.parametrize("arch", [GPT2, LLAMA], ids=["gpt2", "llama"])
 @pytest.mark.parametrize("name", ["ppo", "grpo"])
 def test_dropping_all_pad_prompt_columns_keeps_the_loss_and_gradients(arch, name, monkeypatch):
-    import rlhf_train.models.scoring as scoring
+    from rlhf_train.models import scoring
 
     policy, rollout = policy_of(arch), unequal_rollout(SHORT)
     widths = trunk_widths(policy.lm)
