@@ -8,10 +8,10 @@ untouched: ``trl==1.12.0`` (the last release with ``trl.experimental.ppo.PPOTrai
 
 Every measurement is a fresh process (so ``peak_rss_mb`` is that process's own peak) that builds its
 models, runs ``--warmup`` untimed iterations and times ``--repeats`` more. The processes of one round
-run back to back, rlhf_train then TRL (then TRL with rlhf_train's CPU settings, ``OMP_WAIT_POLICY=PASSIVE
-GOMP_SPINCOUNT=10000 THP_MEM_ALLOC_ENABLE=1``), for ``--rounds`` rounds: load from elsewhere hits both sides
-alike. TRL runs under its defaults otherwise (those variables removed from its environment). Both sides: one
-process, fp32, ``--threads`` torch threads, random weights.
+run back to back, rlhf_train then TRL (then TRL with rlhf_train's CPU settings, ``THP_MEM_ALLOC_ENABLE=1``
+and glibc's ``MALLOC_*`` thresholds), for ``--rounds`` rounds: load from elsewhere hits both sides alike.
+TRL runs under its defaults otherwise (those variables removed from its environment). Both sides: one process,
+fp32, ``--threads`` torch threads, random weights.
 
 Shapes (``--shapes``, comma-separated; ``benchmarks/shapes.py``):
   gpt2_1   2 layers, width 128, GPT-2's 50,257-token vocabulary, prompts ≤ 64, 50 new tokens

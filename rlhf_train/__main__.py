@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-# CPU defaults (huge pages for the logits, OpenMP threads that spin briefly then sleep), set before torch
+# CPU defaults (huge pages for the logits, glibc's malloc keeping freed memory mapped), set before torch
 # is imported: why and what they measured in rlhf_train/infra/cpu_defaults.py; export a variable to override.
 from rlhf_train.infra.cpu_defaults import set_cpu_defaults  # noqa: E402  (imports nothing but os)
 

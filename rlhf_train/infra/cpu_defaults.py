@@ -8,16 +8,18 @@ import leaves the host process's environment alone. A variable already exported 
 * ``THP_MEM_ALLOC_ENABLE=1``: PyTorch's CPU allocator backs large tensors with transparent huge pages.
   The LM head's ``[tokens, V]`` logits are hundreds of MB, allocated afresh every minibatch; with 4 KB
   pages each allocation costs ~40k page faults: 0.10 s per 160 MB on a 2-core CPU, 0.02 s with huge pages.
-* ``OMP_WAIT_POLICY=PASSIVE``: OpenMP threads waiting at a barrier go to sleep instead of spinning for
-  long. Every multi-threaded op ends at a barrier; on a CPU shared with other processes a thread that
-  spins for milliseconds burns the time slice its partner needs: a 2-thread PPO iteration took 11-43 s
-  instead of 6.5-8.6 s (load average 3.5-6 on 2 cores).
-* ``GOMP_SPINCOUNT=10000``: ... but spin briefly first (GNU OpenMP, the runtime of PyPI's torch: ~0.1 ms;
-  with PASSIVE alone the count is 0). A decode step or a small layer is a chain of ops of tens of
-  microseconds each, and a sleeping thread takes about as long to wake: a 2-layer width-128 GPT-2
-  decode step for 32 rows took 1.9 ms with sleeping threads and 0.84 ms with the short spin; one PPO
-  iteration of ``benchmarks/ppo_iteration.py`` 2.41 -> 2.05 s (2 layers, width 128) and 3.79 -> 3.39 s
-  (4 layers, width 256) at the same CPU time (medians of 3 interleaved runs, idle 2-core machine).
+* The OpenMP wait policy is left to GNU OpenMP (the runtime of PyPI's torch), as in any PyTorch program: a
+  thread that reaches the barrier every multi-threaded op ends at spins for a while (libgomp's 300,000 turns)
+  before it sleeps. Spinning keeps the core awake between the tens-of-microseconds ops of a decode step or a
+  small layer; on a virtual machine whose host deschedules idle vCPUs a sleeping thread can take milliseconds
+  to wake. Measured 2026-11-29 on the 2-core VM (interleaved runs): one GRPO iteration of
+  ``benchmarks/ppo_iteration.py --shape smollm2 --algorithm grpo`` took 31.4-36.6 s with libgomp's default
+  and 31.0-32.1 s with ``OMP_WAIT_POLICY=ACTIVE``, against 38.1-69.0 s with ``OMP_WAIT_POLICY=PASSIVE
+  GOMP_SPINCOUNT=10000`` (threads that sleep after ~0.1 ms; its generation 16-17 s against 9 s). Where
+  several processes share the cores (two PPO runs at ``--shape gpt2_2``, 2 threads each on 2 cores) the
+  spinning threads burn the time slices the others need: 20-28 s per iteration spinning against 14.5-15.0 s
+  sleeping. So export ``OMP_WAIT_POLICY=PASSIVE GOMP_SPINCOUNT=10000`` on a machine you share, or give each
+  process fewer threads (``trainer.num_threads``).
 * ``MALLOC_MMAP_THRESHOLD_=33554432`` and ``MALLOC_TRIM_THRESHOLD_`` (never): glibc's malloc serves
   tensors under 32 MB (its largest threshold) from its heap and keeps freed memory mapped, instead of
   mapping every such tensor afresh (glibc's own threshold grows only to the size last freed) and
@@ -36,8 +38,8 @@ import os
 
 MMAP_THRESHOLD = 32 << 20   # glibc's largest (DEFAULT_MMAP_THRESHOLD_MAX on 64-bit)
 NEVER_TRIM = (1 << 64) - 1   # SIZE_MAX: the heap's top is never returned
-CPU_DEFAULTS = {"THP_MEM_ALLOC_ENABLE": "1", "OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": "10000",
-                "MALLOC_MMAP_THRESHOLD_": str(MMAP_THRESHOLD), "MALLOC_TRIM_THRESHOLD_": str(NEVER_TRIM)}
+CPU_DEFAULTS = {"THP_MEM_ALLOC_ENABLE": "1", "MALLOC_MMAP_THRESHOLD_": str(MMAP_THRESHOLD),
+                "MALLOC_TRIM_THRESHOLD_": str(NEVER_TRIM)}
 _MALLOPT = {"MALLOC_TRIM_THRESHOLD_": -1, "MALLOC_MMAP_THRESHOLD_": -3}  # glibc's M_TRIM_THRESHOLD, M_MMAP_THRESHOLD
 
 

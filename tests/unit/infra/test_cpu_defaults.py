@@ -51,8 +51,8 @@ def test_exported_variables_win(monkeypatch):
 
     for key in CPU_DEFAULTS:
         monkeypatch.delenv(key, raising=False)
-    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
+    monkeypatch.setenv("THP_MEM_ALLOC_ENABLE", "0")
     set_cpu_defaults()
-    assert os.environ["OMP_WAIT_POLICY"] == "ACTIVE"
+    assert os.environ["THP_MEM_ALLOC_ENABLE"] == "0"
     assert os.environ["MALLOC_MMAP_THRESHOLD_"] == str(32 << 20)
     assert os.environ["MALLOC_TRIM_THRESHOLD_"] == str(NEVER_TRIM) == str(2**64 - 1)
