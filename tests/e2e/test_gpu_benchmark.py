@@ -28,8 +28,11 @@ PHASES = {"generate", "policy_score", "reference", "reward", "update", "other"}
 @pytest.fixture(scope="module")
 def result():
     env = {**os.environ, "WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    proc = subprocess.run([sys.executable, "benchmarks/gpu.py", "--device", "cpu", "--tiny"], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=180)
+    # the worker's share of the cores (tests/conftest.py), not the benchmark's 2 threads: OpenMP threads spin
+    # before they sleep, and two of them beside another worker would fight it for the cores
+    threads = os.environ.get("OMP_NUM_THREADS", "2")
+    proc = subprocess.run([sys.executable, "benchmarks/gpu.py", "--device", "cpu", "--tiny", "--threads", threads],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout)
 
