@@ -15,22 +15,25 @@ enabled, or where torch was built without MKL.
 
 Memory. A frozen weight (``requires_grad=False``: a LoRA adapter's base layer, a model loaded for evaluation)
 keeps its packed copy for the trunk's next call while its storage and version counter stay the same, so a LoRA
-run packs its base once; one trunk's copies are kept at a time. Packed copies that are freed go back to glibc's
-heap under the tensors allocated after them, where glibc neither reuses them fully nor returns them to the
-system: packed anew for every call, the embedded default's peak RSS grew from 3.0 GB (no packing) to 5.5 GB over
-6 iterations and to 7.2 GB over 20. So after packed copies are freed the heap is trimmed (``malloc_trim``,
-glibc only; ~25 ms at SmolLM2-135M's shape).
+run packs its base once; one trunk's copies are kept at a time. A packed copy that is freed (a trainable
+weight's, at the end of every call; a kept one whose weight changed, or another trunk's) first gives its pages
+back to the kernel (``rlhf_train.infra.memory.release_pages``): freed into glibc's heap under the tensors
+allocated after them, they would stay resident, and packed anew for every call the embedded default's peak RSS
+grew from 3.0 GB (no packing) to 5.5 GB over 6 iterations and to 7.2 GB over 20. Only their own pages: trimming
+the whole heap instead (``malloc_trim``) handed back the free memory the update's activations reuse, and the
+next passes faulted it in again (GRPO at SmolLM2-135M's shape, full fine-tuning: 23.2 s an iteration with the
+trim, 19.0 s without it; docs/performance.md, "Page faults").
 """
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import sys
 import weakref
 from collections.abc import Iterator
 
 import torch
 from torch import nn
+
+from rlhf_train.infra.memory import release_pages
 
 
 def packing_available() -> bool:
@@ -54,29 +57,20 @@ def _packable(m: nn.Module) -> bool:
 _KEPT: weakref.WeakKeyDictionary[nn.Module, dict] = weakref.WeakKeyDictionary()
 
 
-def _packed_weight(layer: nn.Linear, rows: int, kept: dict) -> tuple[torch.Tensor, bool]:
-    """``(packed weight for rows, whether a packed copy is freed after the call or was replaced now)``; a frozen
-    weight's packing is kept in ``kept`` and reused while the weight is unchanged."""
+def _packed_weight(layer: nn.Linear, rows: int, kept: dict) -> torch.Tensor:
+    """The packed weight for ``rows`` rows; a frozen weight's packing is kept in ``kept`` and reused while the
+    weight is unchanged (a stale kept copy's pages are released here)."""
     w = layer.weight
     key = (w.data_ptr(), w._version, rows)
     entry = kept.get(layer)
     if entry is not None and entry[0] == key:
-        return entry[1], False
+        return entry[1]
+    if entry is not None:
+        release_pages(kept.pop(layer)[1])
     packed = torch.ops.mkl._mkl_reorder_linear_weight(w.detach(), rows)
-    if w.requires_grad:
-        kept.pop(layer, None)
-        return packed, True
-    kept[layer] = (key, packed)
-    return packed, entry is not None
-
-
-def _trim_heap() -> None:
-    """Give the heap's free memory back to the system (glibc's ``malloc_trim``; nothing elsewhere)."""
-    if sys.platform.startswith("linux"):
-        try:
-            ctypes.CDLL(None).malloc_trim(0)
-        except (AttributeError, OSError):  # not glibc (musl has no malloc_trim)
-            pass
+    if not w.requires_grad:
+        kept[layer] = (key, packed)
+    return packed
 
 
 class _PackedForward:
@@ -84,7 +78,7 @@ class _PackedForward:
 
     def __init__(self, layer: nn.Linear, rows: int, kept: dict):
         self.layer, self.rows = layer, rows
-        self.packed, self.fresh = _packed_weight(layer, rows, kept)
+        self.packed = _packed_weight(layer, rows, kept)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         layer = self.layer
@@ -102,18 +96,16 @@ def packed_linears(trunk: nn.Module, rows: int) -> Iterator[None]:
     layers = [] if torch.is_grad_enabled() or torch.is_autocast_enabled("cpu") or not packing_available() else [
         m for m in trunk.modules() if _packable(m)]
     kept = _KEPT.get(trunk)
-    fresh = False
     if layers and kept is None:
-        fresh = len(_KEPT) > 0  # another trunk's kept copies are freed
+        for other in list(_KEPT.values()):  # another trunk's kept copies are freed
+            for _, packed in other.values():
+                release_pages(packed)
         _KEPT.clear()
         kept = _KEPT[trunk] = {}
     try:
         for m in layers:
             m.forward = _PackedForward(m, rows, kept)  # an instance attribute: shadows nn.Linear.forward until deleted
-            fresh |= m.forward.fresh
         yield
     finally:
-        for m in layers:
+        for m in layers:  # a trainable weight's copy is freed into the heap: the update's activations reuse it
             m.__dict__.pop("forward", None)
-        if fresh:  # the packed copies just freed lie under live tensors in the heap (see the module)
-            _trim_heap()
