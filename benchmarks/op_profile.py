@@ -59,8 +59,9 @@ def kind_of(name: str) -> str:
     return "other"
 
 
-def summarize(prof, wall_s: float, top: int) -> dict:
-    """Self CPU seconds of the phase's ops: in all, by kind, and the ``top`` largest."""
+def summarize(prof, wall_s: float, top: int) -> tuple[dict, dict]:
+    """Self CPU seconds of the phase's ops: in all, by kind, and the ``top`` largest (JSON fields, rounded), and
+    the unrounded seconds by kind."""
     events = [e for e in prof.key_averages() if e.self_cpu_time_total > 0]
     by_kind: dict[str, float] = {}
     for e in events:
@@ -72,7 +73,7 @@ def summarize(prof, wall_s: float, top: int) -> dict:
             "by_kind_s": {k: round(v, 3) for k, v in sorted(by_kind.items(), key=lambda kv: -kv[1])},
             "top_ops": [{"op": e.key, "kind": kind_of(e.key), "self_s": round(e.self_cpu_time_total / 1e6, 3),
                          "calls": e.count}
-                        for e in largest]}
+                        for e in largest]}, by_kind
 
 
 class _PhaseSplit:
@@ -115,12 +116,12 @@ def main(argv=None):
     update_prof.stop()
     split.t[2] = time.perf_counter()
     bench.run_.rollout = split.inner
-    phases = {"rollout": summarize(rollout_prof, split.t[1] - split.t[0], a.top),
-              "update": summarize(update_prof, split.t[2] - split.t[1], a.top)}
-    upd = phases["update"]
-    matmul_s = upd["by_kind_s"].get("matmul", 0.0)
+    (rollout, _), (upd, kinds) = (summarize(rollout_prof, split.t[1] - split.t[0], a.top),
+                                  summarize(update_prof, split.t[2] - split.t[1], a.top))
+    matmul_s, ops_s = kinds.get("matmul", 0.0), sum(kinds.values())
     upd["matmul_gflop_per_s"] = round(result["update_gflop"] / matmul_s, 1) if matmul_s else None
-    upd["small_op_share"] = round((upd["ops_self_cpu_s"] - matmul_s) / matmul_s, 3) if matmul_s else None
+    upd["small_op_share"] = round((ops_s - matmul_s) / matmul_s, 3) if matmul_s else None
+    phases = {"rollout": rollout, "update": upd}
     print(json.dumps({"algorithm": result["algorithm"], "shape": a.shape, "threads": a.threads,
                       "gemm_gflop_per_s": result["gemm_gflop_per_s"], "update_gflop": result["update_gflop"],
                       "rollout_gflop": result["rollout_gflop"], **phases}))
