@@ -15,14 +15,15 @@ enabled, or where torch was built without MKL.
 
 Memory. A frozen weight (``requires_grad=False``: a LoRA adapter's base layer, a model loaded for evaluation)
 keeps its packed copy for the trunk's next call while its storage and version counter stay the same, so a LoRA
-run packs its base once; one trunk's copies are kept at a time. A packed copy that is freed (a trainable
-weight's, at the end of every call; a kept one whose weight changed, or another trunk's) first gives its pages
-back to the kernel (``rlhf_train.infra.memory.release_pages``): freed into glibc's heap under the tensors
-allocated after them, they would stay resident, and packed anew for every call the embedded default's peak RSS
-grew from 3.0 GB (no packing) to 5.5 GB over 6 iterations and to 7.2 GB over 20. Only their own pages: trimming
-the whole heap instead (``malloc_trim``) handed back the free memory the update's activations reuse, and the
-next passes faulted it in again (GRPO at SmolLM2-135M's shape, full fine-tuning: 23.2 s an iteration with the
-trim, 19.0 s without it; docs/performance.md, "Page faults").
+run packs its base once; one trunk's copies are kept at a time. A kept copy that is dropped (its weight
+changed, or another trunk is packed) first gives its pages back to the kernel
+(``rlhf_train.infra.memory.release_pages``): freed into glibc's heap under the tensors allocated after them, such
+copies stayed resident (the embedded default, packing every weight anew for every call, grew from a 3.0 GB peak
+RSS to 7.2 GB over 20 iterations). A trainable weight's copy, packed anew for every call, is freed into the heap
+as it is: the update's activations reuse that memory right after (GRPO at SmolLM2-135M's shape, full
+fine-tuning: peak RSS flat at 6.4 GB over 9 iterations). Trimming the whole heap there instead (``malloc_trim``)
+handed back the free memory the next passes reuse, and they faulted it in again: 23.2 s an iteration against
+19.0 s (docs/performance.md, the packed weights under "What makes it fast").
 """
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ other C libraries, or other systems, are left as they are.
 working: only that tensor's pages go back (``madvise(MADV_DONTNEED)``), and the heap's other free pages stay
 mapped for the next allocations. ``malloc_trim`` there would hand back every free page of the heap, which the
 next passes then fault in again: after each generation call of a full fine-tune at SmolLM2-135M's shape, that
-cost 4.2 s of a 23.2 s GRPO iteration (docs/performance.md, "Page faults").
+cost 4.2 s of a 23.2 s GRPO iteration (docs/performance.md, the packed weights under "What makes it fast").
 """
 from __future__ import annotations
 

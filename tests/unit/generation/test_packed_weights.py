@@ -1,7 +1,8 @@
 """MKL-packed weights in the decode loop (rlhf_train/generation/packed_weights.py): the packed GEMM gives
 ``nn.functional.linear``'s results, other row counts take the plain path, the layers are restored afterwards,
 a frozen trunk's packed copies are kept between calls (one trunk at a time) and their pages go back to the kernel
-when they are dropped, a trainable trunk's are packed anew and left to the heap, and the decode loop samples the same tokens and log-probs with and without it.
+when they are dropped, a trainable trunk's are packed anew and left to the heap, and the decode loop samples the
+same tokens and log-probs with and without it.
 
 Budget: ~3 s on 2 CPU cores.
 """
@@ -46,10 +47,10 @@ def test_a_frozen_trunk_keeps_its_packed_weights_until_they_change_or_another_tr
 
     first = packs(frozen)
     assert first[1] is None                                   # narrower than _MIN_WIDTH: left plain
-    assert packs(frozen)[0] is first[0] and released == []       # kept: the same packed tensor, nothing freed
+    assert packs(frozen)[0] is first[0] and released == []    # kept: the same packed tensor, nothing freed
     frozen[0].weight.mul_(2)                                  # an in-place change bumps the version counter
     again = packs(frozen)[0]
-    assert again is not first[0] and released == [first[0]]      # packed anew; the stale copy's pages released
+    assert again is not first[0] and released == [first[0]]   # packed anew; the stale copy's pages released
     x = torch.randn(2, 64)
     with packed_linears(frozen, rows=2):
         torch.testing.assert_close(frozen[0](x), nn.functional.linear(x, frozen[0].weight, frozen[0].bias))
