@@ -15,26 +15,26 @@ enabled, or where torch was built without MKL.
 
 Memory. A frozen weight (``requires_grad=False``: a LoRA adapter's base layer, a model loaded for evaluation)
 keeps its packed copy for the trunk's next call while its storage and version counter stay the same, so a LoRA
-run packs its base once; one trunk's copies are kept at a time. A kept copy that is dropped (its weight
-changed, or another trunk is packed) first gives its pages back to the kernel
-(``rlhf_train.infra.memory.release_pages``): freed into glibc's heap under the tensors allocated after them, such
-copies stayed resident (the embedded default, packing every weight anew for every call, grew from a 3.0 GB peak
-RSS to 7.2 GB over 20 iterations). A trainable weight's copy, packed anew for every call, is freed into the heap
-as it is: the update's activations reuse that memory right after (GRPO at SmolLM2-135M's shape, full
-fine-tuning: peak RSS flat at 6.4 GB over 9 iterations). Trimming the whole heap there instead (``malloc_trim``)
-handed back the free memory the next passes reuse, and they faulted it in again: 23.2 s an iteration against
-19.0 s (docs/performance.md, the packed weights under "What makes it fast").
+run packs its base once; one trunk's copies are kept at a time. When kept copies are dropped (a weight changed,
+or another trunk is packed: an evaluation's models) the heap is trimmed (``malloc_trim``, glibc only; ~25 ms at
+SmolLM2-135M's shape): freed into glibc's heap under the tensors allocated after them, they stayed resident (the
+embedded default, packing every weight anew for every call, grew from a 3.0 GB peak RSS to 7.2 GB over 20
+iterations). A trainable weight's copy, packed anew for every call, is freed into the heap as it is: the
+update's activations reuse that memory right after (GRPO at SmolLM2-135M's shape, full fine-tuning: peak RSS
+flat at 6.4 GB over 9 iterations). Trimming after every call there handed back the free memory the next passes
+reuse, and they faulted it in again: 23.2 s an iteration against 19.0 s without the trim (docs/performance.md,
+the packed weights under "What makes it fast").
 """
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import sys
 import weakref
 from collections.abc import Iterator
 
 import torch
 from torch import nn
-
-from rlhf_train.infra.memory import release_pages
 
 
 def packing_available() -> bool:
@@ -58,20 +58,28 @@ def _packable(m: nn.Module) -> bool:
 _KEPT: weakref.WeakKeyDictionary[nn.Module, dict] = weakref.WeakKeyDictionary()
 
 
-def _packed_weight(layer: nn.Linear, rows: int, kept: dict) -> torch.Tensor:
-    """The packed weight for ``rows`` rows; a frozen weight's packing is kept in ``kept`` and reused while the
-    weight is unchanged (a stale kept copy's pages are released here)."""
+def _packed_weight(layer: nn.Linear, rows: int, kept: dict) -> tuple[torch.Tensor, bool]:
+    """``(packed weight for rows, whether a kept copy was dropped now)``; a frozen weight's packing is kept in
+    ``kept`` and reused while the weight is unchanged."""
     w = layer.weight
     key = (w.data_ptr(), w._version, rows)
     entry = kept.get(layer)
     if entry is not None and entry[0] == key:
-        return entry[1]
-    if entry is not None:
-        release_pages(kept.pop(layer)[1])
+        return entry[1], False
     packed = torch.ops.mkl._mkl_reorder_linear_weight(w.detach(), rows)
-    if not w.requires_grad:
-        kept[layer] = (key, packed)
-    return packed
+    if w.requires_grad:  # freed when the call ends, into the heap as it is (see the module)
+        return packed, kept.pop(layer, None) is not None
+    kept[layer] = (key, packed)
+    return packed, entry is not None
+
+
+def _trim_heap() -> None:
+    """Give the heap's free memory back to the system (glibc's ``malloc_trim``; nothing elsewhere)."""
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL(None).malloc_trim(0)
+        except (AttributeError, OSError):  # not glibc (musl has no malloc_trim)
+            pass
 
 
 class _PackedForward:
@@ -79,7 +87,7 @@ class _PackedForward:
 
     def __init__(self, layer: nn.Linear, rows: int, kept: dict):
         self.layer, self.rows = layer, rows
-        self.packed = _packed_weight(layer, rows, kept)
+        self.packed, self.fresh = _packed_weight(layer, rows, kept)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         layer = self.layer
@@ -97,16 +105,18 @@ def packed_linears(trunk: nn.Module, rows: int) -> Iterator[None]:
     layers = [] if torch.is_grad_enabled() or torch.is_autocast_enabled("cpu") or not packing_available() else [
         m for m in trunk.modules() if _packable(m)]
     kept = _KEPT.get(trunk)
+    fresh = False
     if layers and kept is None:
-        for other in list(_KEPT.values()):  # another trunk's kept copies are freed
-            for _, packed in other.values():
-                release_pages(packed)
+        fresh = any(_KEPT.values())  # another trunk's kept copies (if it has any) are freed
         _KEPT.clear()
         kept = _KEPT[trunk] = {}
     try:
         for m in layers:
             m.forward = _PackedForward(m, rows, kept)  # an instance attribute: shadows nn.Linear.forward until deleted
+            fresh |= m.forward.fresh
         yield
     finally:
-        for m in layers:  # a trainable weight's copy is freed into the heap: the update's activations reuse it
+        for m in layers:
             m.__dict__.pop("forward", None)
+        if fresh:  # kept copies were dropped: they lie under live tensors in the heap (see the module)
+            _trim_heap()

@@ -1,8 +1,7 @@
 """MKL-packed weights in the decode loop (rlhf_train/generation/packed_weights.py): the packed GEMM gives
 ``nn.functional.linear``'s results, other row counts take the plain path, the layers are restored afterwards,
-a frozen trunk's packed copies are kept between calls (one trunk at a time) and their pages go back to the kernel
-when they are dropped, a trainable trunk's are packed anew and left to the heap, and the decode loop samples the
-same tokens and log-probs with and without it.
+a frozen trunk's packed copies are kept between calls (one trunk at a time) and the heap is trimmed when they are
+dropped, a trainable trunk's are packed anew every call and freed into the heap untrimmed, and the decode loop samples the same tokens and log-probs with and without it.
 
 Budget: ~3 s on 2 CPU cores.
 """
@@ -36,8 +35,8 @@ def test_packed_linear_equals_the_plain_linear_and_is_removed_afterwards():
 
 @torch.no_grad()
 def test_a_frozen_trunk_keeps_its_packed_weights_until_they_change_or_another_trunk_is_packed(monkeypatch):
-    released = []  # the packed copies whose pages were released
-    monkeypatch.setattr(packed_weights, "release_pages", released.append)
+    trims = []
+    monkeypatch.setattr(packed_weights, "_trim_heap", lambda: trims.append(1))
     torch.manual_seed(0)
     frozen = nn.Sequential(nn.Linear(64, 64), nn.Linear(64, 8)).requires_grad_(False)  # 8 wide: a LoRA factor
 
@@ -47,30 +46,37 @@ def test_a_frozen_trunk_keeps_its_packed_weights_until_they_change_or_another_tr
 
     first = packs(frozen)
     assert first[1] is None                                   # narrower than _MIN_WIDTH: left plain
-    assert packs(frozen)[0] is first[0] and released == []    # kept: the same packed tensor, nothing freed
+    assert packs(frozen)[0] is first[0] and trims == []       # kept: the same packed tensor, nothing freed
     frozen[0].weight.mul_(2)                                  # an in-place change bumps the version counter
     again = packs(frozen)[0]
-    assert again is not first[0] and released == [first[0]]   # packed anew; the stale copy's pages released
+    assert again is not first[0] and trims == [1]             # packed anew; the stale copy freed, heap trimmed
     x = torch.randn(2, 64)
     with packed_linears(frozen, rows=2):
         torch.testing.assert_close(frozen[0](x), nn.functional.linear(x, frozen[0].weight, frozen[0].bias))
     other = nn.Sequential(nn.Linear(64, 64)).requires_grad_(False)
     packs(other)
-    assert list(packed_weights._KEPT) == [other] and released == [first[0], again]  # one trunk's copies kept at a time
+    assert list(packed_weights._KEPT) == [other] and trims == [1, 1]  # one trunk's copies kept at a time
 
 
 @torch.no_grad()
-def test_a_trainable_trunk_is_packed_anew_every_call_into_the_heap(monkeypatch):
-    released = []
-    monkeypatch.setattr(packed_weights, "release_pages", released.append)
+def test_a_trainable_trunk_is_packed_anew_every_call_and_the_heap_left_as_it_is(monkeypatch):
+    trims = []
+    monkeypatch.setattr(packed_weights, "_trim_heap", lambda: trims.append(1))
     trunk = nn.Sequential(nn.Linear(64, 64))
     with packed_linears(trunk, rows=2):
         first = trunk[0].forward.packed
     with packed_linears(trunk, rows=2):
-        second = trunk[0].forward.packed
-        assert second is not first
-    # its copies are freed into the heap as they are, for the update's activations to reuse (no page released)
-    assert released == [] and packed_weights._KEPT[trunk] == {}
+        assert trunk[0].forward.packed is not first
+    # the freed copies' memory is what the update's activations reuse next: no trim (faults it in again)
+    assert trims == [] and packed_weights._KEPT[trunk] == {}
+    frozen_then_trained = nn.Sequential(nn.Linear(64, 64)).requires_grad_(False)
+    with packed_linears(frozen_then_trained, rows=2):
+        pass
+    frozen_then_trained.requires_grad_(True)
+    frozen_then_trained[0].weight.mul_(2)  # a training step
+    with packed_linears(frozen_then_trained, rows=2):  # packed anew, its stale kept copy dropped: trimmed
+        pass
+    assert trims == [1] and packed_weights._KEPT[frozen_then_trained] == {}
 
 
 def test_nothing_is_packed_while_gradients_are_recorded():

@@ -1,5 +1,4 @@
-"""release_freed_memory gives the pages of freed heap blocks back to the kernel (glibc's malloc_trim); release_pages
-those of one tensor only (madvise)."""
+"""release_freed_memory gives the pages of freed heap blocks back to the kernel (glibc's malloc_trim)."""
 from __future__ import annotations
 
 import os
@@ -32,33 +31,3 @@ def test_freed_heap_pages_go_back_to_the_kernel():
 def test_release_is_safe_to_call_twice():
     release_freed_memory()
     release_freed_memory()
-
-
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="madvise(MADV_DONTNEED): Linux only")
-def test_release_pages_gives_back_one_tensors_pages_only():
-    import torch
-
-    from rlhf_train.infra.memory import release_pages
-
-    keep, drop = torch.ones(16 * 2**20 // 4), torch.ones(64 * 2**20 // 4)  # 16 MB and 64 MB, both touched
-    before = rss_mb()
-    release_pages(drop)
-    after = rss_mb()
-    assert before - after > 48, (before, after)  # the 64 MB went back (less a partial page at either end)
-    assert float(drop[4096:-4096].abs().sum()) == 0.0  # released pages read as zeros: only for a dying tensor
-    assert float(keep.sum()) == keep.numel()  # nothing else touched
-
-
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="madvise(MADV_DONTNEED): Linux only")
-def test_release_pages_of_an_mkl_packed_weight():
-    import torch
-
-    from rlhf_train.generation.packed_weights import packing_available
-    from rlhf_train.infra.memory import release_pages
-
-    if not packing_available():
-        pytest.skip("this torch has no MKL packed linear")
-    packed = torch.ops.mkl._mkl_reorder_linear_weight(torch.randn(4096, 4096), 32)  # 64 MB, opaque (no storage)
-    before = rss_mb()
-    release_pages(packed)
-    assert before - rss_mb() > 48
