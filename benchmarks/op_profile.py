@@ -26,12 +26,12 @@ import ppo_iteration  # noqa: E402  (sets the CPU defaults before torch is impor
 import json  # noqa: E402
 import time  # noqa: E402
 
-import torch  # noqa: E402
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
-# an op's kind: aten ops by name (``aten::add_`` is ``add``, in place), the rest by a part of their name
+# an op's kind: aten ops by name (``aten::add_`` is ``add``, in place), the rest (``mkl::_mkl_linear``, the
+# decode steps' packed GEMM) by a part of their name
 KINDS = {
-    "matmul": {"mm", "addmm", "bmm", "baddbmm", "matmul", "addmv", "mv", "dot", "mkl_linear", "_mkl_linear"},
+    "matmul": {"mm", "addmm", "bmm", "baddbmm", "matmul", "addmv", "mv", "dot"},
     "attention": {"_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_flash_attention_for_cpu_backward",
                   "_softmax", "_softmax_backward_data"},
     "optimizer": {"_fused_adamw", "_fused_adam"},
@@ -98,13 +98,7 @@ def main(argv=None):
     p.add_argument("--top", type=int, default=12, help="the largest ops listed per phase")
     a = p.parse_args(argv)
     ppo_iteration.apply_shape(a)
-    bench = ppo_iteration.RLHFTrainBenchmark(
-        layers=a.layers, width=a.width, heads=a.heads, vocab=a.vocab, prompt_len=a.prompt_len,
-        new_tokens=a.new_tokens, rollouts=a.rollouts, epochs=a.epochs, minibatch=a.minibatch, threads=a.threads,
-        seed=a.seed, max_iterations=a.warmup + 1, algorithm=a.algorithm, num_samples=a.num_samples,
-        extra=([f"algorithm.beta={a.grpo_beta}"] if a.grpo_beta is not None else []) + a.override,
-        arch=a.arch, kv_heads=a.kv_heads, intermediate=a.intermediate,
-        reference_responses=not a.no_reference_responses)
+    bench = ppo_iteration.benchmark_from_args(a, max_iterations=a.warmup + 1)
     for _ in range(a.warmup):
         bench.run()
     rollout_prof, update_prof = (profile(activities=[ProfilerActivity.CPU]) for _ in range(2))

@@ -378,6 +378,17 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def benchmark_from_args(a, max_iterations: int) -> RLHFTrainBenchmark:
+    """The :class:`RLHFTrainBenchmark` of :func:`parser`'s parsed flags (after :func:`apply_shape`)."""
+    return RLHFTrainBenchmark(
+        layers=a.layers, width=a.width, heads=a.heads, vocab=a.vocab, prompt_len=a.prompt_len,
+        new_tokens=a.new_tokens, rollouts=a.rollouts, epochs=a.epochs, minibatch=a.minibatch, threads=a.threads,
+        seed=a.seed, max_iterations=max_iterations, algorithm=a.algorithm, num_samples=a.num_samples,
+        extra=([f"algorithm.beta={a.grpo_beta}"] if a.grpo_beta is not None else []) + a.override,
+        arch=a.arch, kv_heads=a.kv_heads, intermediate=a.intermediate,
+        reference_responses=not a.no_reference_responses)
+
+
 def apply_shape(a) -> None:
     """``--shape``: the named shape and ``--algorithm``'s settings, as ``compare_trl.py`` runs them."""
     if a.shape is None:

@@ -1,7 +1,8 @@
 """MKL-packed weights in the decode loop (rlhf_train/generation/packed_weights.py): the packed GEMM gives
 ``nn.functional.linear``'s results, other row counts take the plain path, the layers are restored afterwards,
 a frozen trunk's packed copies are kept between calls (one trunk at a time) and the heap is trimmed when they are
-dropped, a trainable trunk's are packed anew every call and freed into the heap untrimmed, and the decode loop samples the same tokens and log-probs with and without it.
+dropped, a trainable trunk's are packed anew every call and freed into the heap untrimmed, and the decode loop
+samples the same tokens and log-probs with and without it.
 
 Budget: ~3 s on 2 CPU cores.
 """
