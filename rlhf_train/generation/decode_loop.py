@@ -29,6 +29,7 @@ from transformers import StaticCache
 from rlhf_train.core.containers import is_eos, position_ids_from_mask
 from rlhf_train.core.sampling import SamplingParams, sample_filtered, sample_vocab_major
 from rlhf_train.generation.base import Generation, finish, pad_steps
+from rlhf_train.generation.decode_attention import grouped_decode_attention
 from rlhf_train.generation.hf_generate import HFGenerateBackend
 from rlhf_train.generation.packed_weights import packed_linears
 from rlhf_train.models.scoring import lm_trunk_and_head, vocab_major_logits
@@ -123,7 +124,8 @@ def sample_with_cache(lm: nn.Module, prompt: torch.Tensor, prompt_mask: torch.Te
     finished = torch.zeros(B, dtype=torch.bool, device=prompt.device)
     tokens, log_probs, hidden = [], [], []
     logits_buffer = None  # [V, B], reused every step (the sampler overwrites it)
-    with packed_linears(trunk, B):  # the decode steps' [B, H] matmuls on MKL-packed weights (CPU, float32)
+    # the decode steps' [B, H] matmuls on MKL-packed weights and their attention as two batched matmuls (CPU)
+    with packed_linears(trunk, B), grouped_decode_attention():
         for t in range(max_new_tokens):
             if keep_hidden:
                 hidden.append(h)

@@ -1,0 +1,109 @@
+"""A decode step's attention: ``transformers``' ``sdpa`` (the CPU flash kernel) against the decode loop's two batched
+matmuls (``rlhf_train/generation/decode_attention.py``), per call and over a whole generation.
+
+Per call: one query per row and head (``[rows, heads, 1, d]``, strided as an attention layer's view) against
+``[rows, kv_heads, L, d]`` cached keys and values and a ``[rows, 1, 1, L]`` mask, at cache lengths ``L`` of the
+shape's prompt + response (``shapes.py``), each way through ``transformers``' attention registry; best of
+``--rounds``. Then the decode loop (``sample_with_cache``) on a random-weight model of the shape, ``--prompts`` ×
+``--num-samples`` rows and the shape's ``new_tokens``, with and without the grouped attention, alternating, medians
+of ``--rounds``. One JSON line.
+
+    python benchmarks/decode_attention.py --shape smollm2
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from rlhf_train.infra.cpu_defaults import set_cpu_defaults  # noqa: E402
+
+set_cpu_defaults()  # as `python -m rlhf_train` runs (before torch is imported)
+
+import argparse  # noqa: E402
+import contextlib  # noqa: E402
+import json  # noqa: E402
+import statistics  # noqa: E402
+import time  # noqa: E402
+
+import torch  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from shapes import SHAPES  # noqa: E402
+
+
+def per_call_ms(rows: int, heads: int, kv_heads: int, d: int, L: int, rounds: int) -> dict:
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    from rlhf_train.generation.decode_attention import grouped_decode_attention
+
+    layer = torch.nn.Module()
+    layer.num_key_value_groups, layer.is_causal = heads // kv_heads, True
+    q = torch.randn(rows, 1, heads, d).transpose(1, 2)
+    k, v = torch.randn(rows, kv_heads, L, d), torch.randn(rows, kv_heads, L, d)
+    mask = torch.ones(rows, 1, 1, L, dtype=torch.bool)
+    mask[: rows // 2, ..., : L // 4] = False  # left padding in half the rows
+
+    def best(n: int = 200) -> float:
+        fn = ALL_ATTENTION_FUNCTIONS["sdpa"]
+        out = float("inf")
+        for _ in range(rounds):
+            start = time.perf_counter()
+            for _ in range(n):
+                fn(layer, q, k, v, mask)
+            out = min(out, (time.perf_counter() - start) / n * 1e3)
+        return out
+
+    with torch.no_grad():
+        sdpa = best()
+        with grouped_decode_attention():
+            grouped = best()
+    return {"L": L, "sdpa_ms": round(sdpa, 4), "grouped_ms": round(grouped, 4), "speedup": round(sdpa / grouped, 2)}
+
+
+def decode_loop_s(shape: dict, prompts: int, num_samples: int, rounds: int) -> dict:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from rlhf_train.generation import decode_loop
+
+    cfg = LlamaConfig(vocab_size=shape["vocab"], hidden_size=shape["width"], intermediate_size=shape["intermediate"],
+                      num_hidden_layers=shape["layers"], num_attention_heads=shape["heads"],
+                      num_key_value_heads=shape["kv_heads"], tie_word_embeddings=True, attn_implementation="sdpa")
+    torch.manual_seed(0)
+    lm = LlamaForCausalLM(cfg).eval()
+    P = shape["prompt_len"]
+    prompt = torch.randint(2, shape["vocab"], (prompts, P))
+    mask = torch.ones(prompts, P, dtype=torch.long)
+    mask[: prompts // 2, : P // 2] = 0  # prompts of P/2 … P tokens, left-padded
+    grouped = decode_loop.grouped_decode_attention
+    times = {"sdpa": [], "grouped": []}
+    for r in range(rounds + 1):  # the first round warms up, untimed
+        for name in times:
+            decode_loop.grouped_decode_attention = grouped if name == "grouped" else contextlib.nullcontext
+            start = time.perf_counter()
+            decode_loop.sample_with_cache(lm, prompt, mask, max_new_tokens=shape["new_tokens"], eos_token_id=-1,
+                                          pad_token_id=0, num_samples=num_samples)
+            if r:
+                times[name].append(time.perf_counter() - start)
+    decode_loop.grouped_decode_attention = grouped
+    return {f"decode_loop_{name}_s": round(statistics.median(t), 3) for name, t in times.items()}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shape", default="smollm2", choices=[k for k, v in SHAPES.items() if v["arch"] == "llama"])
+    ap.add_argument("--prompts", type=int, default=8)
+    ap.add_argument("--num-samples", type=int, default=4)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=3)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    s = SHAPES[args.shape]
+    rows, d, total = args.prompts * args.num_samples, s["width"] // s["heads"], s["prompt_len"] + s["new_tokens"]
+    calls = [per_call_ms(rows, s["heads"], s["kv_heads"], d, L, args.rounds) for L in (s["prompt_len"], total)]
+    print(json.dumps({"shape": args.shape, "rows": rows, "threads": args.threads, "per_call": calls,
+                      **decode_loop_s(s, args.prompts, args.num_samples, args.rounds)}))
+
+
+if __name__ == "__main__":
+    main()
