@@ -114,3 +114,43 @@ def weights_problem(model, initial_max_abs: float, factor: float = DIVERGED_FACT
     if now > limit:
         return f"the weights have diverged (max |w| = {now:.3g}, {now / max(1.0, initial_max_abs):.3g}x the start's)"
     return None
+
+
+# How long a finished run's process waits for ``accelerator.end_training()`` (trackers, then
+# ``torch.distributed.destroy_process_group``), whose teardown can hang in the communication library
+# (pytorch/pytorch#75097; on this project's CI one worker of a finished 2-process gloo run never exited after
+# rank 0 had, once in six runs of the suite; a bare accelerate + gloo script aborted at exit in 6 of 55
+# launches, "terminate called without an active exception"). Everything is written before (rank 0 writes,
+# then every rank passes the final barrier), so past this deadline waiting only holds the machine: the
+# process says so, prints every thread's stack and exits.
+TEARDOWN_DEADLINE_S = 60.0
+
+
+def end_training(accelerator, exit_code: int, seconds: float = TEARDOWN_DEADLINE_S) -> None:
+    """``accelerator.end_training()`` in at most ``seconds``; past them (a hang in the process group's
+    teardown) every thread's stack goes to stderr with one line saying what happened, and the process exits
+    with ``exit_code`` at once (``os._exit``: the stuck native call cannot be interrupted). Call it after the
+    final barrier, when nothing is left to write."""
+    import faulthandler
+    import logging
+    import sys
+    import threading
+
+    done = threading.Event()
+
+    def expire():
+        if done.wait(seconds):
+            return
+        print(f"[rlhf_train] the process group's teardown (accelerator.end_training) did not return in "
+              f"{seconds:.0f} s after the run finished; everything was written before it. Its threads' stacks:",
+              file=sys.stderr, flush=True)
+        faulthandler.dump_traceback(sys.stderr, all_threads=True)
+        logging.shutdown()  # the run's log handlers, flushed and closed
+        os._exit(exit_code)
+
+    if accelerator.num_processes > 1:
+        threading.Thread(target=expire, name="teardown-deadline", daemon=True).start()
+    try:
+        accelerator.end_training()
+    finally:
+        done.set()

@@ -28,8 +28,8 @@ from omegaconf import DictConfig, OmegaConf
 from rlhf_train.algorithms.update import minibatch_update
 from rlhf_train.core.containers import Rollout
 from rlhf_train.infra.checkpoint import save_checkpoint
-from rlhf_train.infra.distributed import full_weights, infinite_batches, main_process_run_dir, max_abs_weight, \
-    reduce_metrics, weights_problem
+from rlhf_train.infra.distributed import end_training, full_weights, infinite_batches, main_process_run_dir, \
+    max_abs_weight, reduce_metrics, weights_problem
 from rlhf_train.infra.fingerprint import model_fingerprint
 from rlhf_train.infra.logger import build_logger, redact, write_final_metrics
 from rlhf_train.infra.preemption import PREEMPTED_EXIT_CODE, PreemptionHandler
@@ -125,8 +125,11 @@ def step(run: Run, state: TrainState, batch) -> tuple[dict, Rollout] | None:
     return reduce_metrics(metrics, accelerator), ro
 
 
-def train(cfg: DictConfig, run_dir: str | Path | None = None) -> dict:
-    """Train as configured; returns the last iteration's metrics, the history, the policy and the run."""
+def train(cfg: DictConfig, run_dir: str | Path | None = None, teardown_exit_code: int = 0) -> dict:
+    """Train as configured; returns the last iteration's metrics, the history, the policy and the run.
+    ``teardown_exit_code``: the process's exit status should the process group's teardown hang once everything
+    is written (:func:`~rlhf_train.infra.distributed.end_training`): 0 where the RL loop is the whole run, non-zero
+    where later stages were to run in this process."""
     checks.check_config(cfg)
     decisions = decide(cfg)
     accelerator = make_accelerator(cfg, decisions)
@@ -138,7 +141,7 @@ def train(cfg: DictConfig, run_dir: str | Path | None = None) -> dict:
     run = None
     try:
         run = build_run(cfg, accelerator, run_dir, decisions)
-        return _loop(run, run_dir, resume_path, config_yaml)
+        return _loop(run, run_dir, resume_path, config_yaml, teardown_exit_code)
     finally:
         if run is not None:  # reward functions' worker processes (a later call starts new ones)
             close_sources(run.rollout.reward_sources)
@@ -154,7 +157,7 @@ def _last_checkpoint_line(run_dir: Path) -> str:
             else f"no checkpoint was written yet in {run_dir}")
 
 
-def _loop(run: Run, run_dir: Path, resume_path, config_yaml: str) -> dict:
+def _loop(run: Run, run_dir: Path, resume_path, config_yaml: str, teardown_exit_code: int = 0) -> dict:
     """:func:`train` once the run is built: resume, then iterate, log, checkpoint, export."""
     cfg, accelerator, policy = run.cfg, run.accelerator, run.policy
     t = cfg.trainer
@@ -257,6 +260,6 @@ def _loop(run: Run, run_dir: Path, resume_path, config_yaml: str) -> dict:
         log.info("[rlhf_train] trained policy (plain Hugging Face model) in %s", run_dir / "policy")
         write_final_metrics(run_dir, metrics, history)  # final_metrics.json: what a sweep report reads
     accelerator.wait_for_everyone()
-    accelerator.end_training()
+    end_training(accelerator, exit_code=teardown_exit_code)  # a hang in torch.distributed's teardown: exits
     return {"metrics": metrics, "history": history, "policy": accelerator.unwrap_model(policy), "run": run,
             "rollout": run.rollout, "algorithm": run.algorithm}

@@ -90,7 +90,7 @@ def run_rl_stage(cfg, run_dir: Path, plan, policy_dir: str, rm_dir: str, timer) 
 
     with timer(algorithm_name(cfg)) as row:  # the timings row reads e.g. "GRPO"
         def build(tmp: Path) -> dict:
-            out = train(rl_config(cfg, policy_dir, rm_dir), run_dir)
+            out = train(rl_config(cfg, policy_dir, rm_dir), run_dir, teardown_exit_code=1)  # evaluation follows
             # the run's export (train writes it): a plain HF model dir; with LoRA merged, adapter in policy/adapter/
             shutil.copytree(run_dir / "policy", tmp / "policy")
             return {"metrics": out["metrics"], "history": out["history"]}
