@@ -18,12 +18,14 @@ takes no KV cache, it has sliding-window layers (their cache keeps only the wind
 """
 from __future__ import annotations
 
+import contextlib
 import inspect
 
 import torch
 from torch import nn
 
 from rlhf_train.core.prompt_groups import prompt_groups
+from rlhf_train.models.attention import cpu_attention
 
 # The attribute (on every transformers model inside a policy, reference or reward model) that says whether its
 # passes may share prompts; absent: yes. On the modules, as trainer.fp32_lm_head is: a deep copy (the
@@ -91,14 +93,18 @@ def trunk_hidden(trunk: nn.Module, full: torch.Tensor, full_mask: torch.Tensor, 
     several rows share run once (see the module). Gradients flow as through the plain pass."""
     groups = prompt_groups(full, full_mask, prompt_len)
     cache = _prompt_cache(trunk) if groups is not None and prompt_len < full.shape[1] else None
-    if cache is None:
-        return _hidden(trunk(input_ids=full, attention_mask=full_mask.long(), position_ids=position_ids,
-                             use_cache=False))
-    first, inverse = groups
-    P, key = prompt_len, cache_argument(trunk)
-    prompt_out = trunk(input_ids=full[first, :P], attention_mask=full_mask[first, :P].long(),
-                       position_ids=position_ids[first, :P], use_cache=True, **{key: cache})
-    cache.batch_select_indices(inverse)  # every row its prompt's keys and values
-    response_out = trunk(input_ids=full[:, P:], attention_mask=full_mask.long(), position_ids=position_ids[:, P:],
-                         use_cache=True, **{key: cache})
+    # GQA's keys and values read in place on CPU (models/attention.py); not where layers recompute their forward
+    # in the backward (gradient checkpointing), which must give the tensors it saved the first time
+    recomputes = torch.is_grad_enabled() and any(getattr(m, "gradient_checkpointing", False) for m in trunk.modules())
+    with contextlib.nullcontext() if recomputes else cpu_attention():
+        if cache is None:
+            return _hidden(trunk(input_ids=full, attention_mask=full_mask.long(), position_ids=position_ids,
+                                 use_cache=False))
+        first, inverse = groups
+        P, key = prompt_len, cache_argument(trunk)
+        prompt_out = trunk(input_ids=full[first, :P], attention_mask=full_mask[first, :P].long(),
+                           position_ids=position_ids[first, :P], use_cache=True, **{key: cache})
+        cache.batch_select_indices(inverse)  # every row its prompt's keys and values
+        response_out = trunk(input_ids=full[:, P:], attention_mask=full_mask.long(),
+                             position_ids=position_ids[:, P:], use_cache=True, **{key: cache})
     return torch.cat([_hidden(prompt_out)[inverse], _hidden(response_out)], 1)

@@ -52,8 +52,9 @@ def test_checkpointing_recomputes_and_gives_the_plain_gradients(arch, lora):
         (loss0, grads0), (loss1, grads1) = (loss_and_grads(p, rollout, "ppo", packed) for p in (plain, ckpt))
         assert torch.equal(loss0, loss1)
         assert grads0.keys() == grads1.keys() and grads0
-        for name, g in grads0.items():
-            torch.testing.assert_close(grads1[name], g, rtol=1e-6, atol=1e-9, msg=name)
+        for name, g in grads0.items():  # to float32 rounding: on CPU the plain pass runs GQA on the kernel's own
+            # enable_gqa (models/attention.py), the checkpointed one as transformers does, both in its recomputation
+            torch.testing.assert_close(grads1[name], g, rtol=1e-6, atol=1e-7, msg=name)
     assert calls_plain[0] == 2 and calls_ckpt[0] == 4  # one forward per pass; checkpointed: again in backward
     assert not any(m.training for m in ckpt.modules())  # the layers are back in eval mode
     with torch.no_grad():  # no backward, no recomputation (scoring and generation passes)

@@ -1,7 +1,7 @@
-"""The decode steps' grouped attention (rlhf_train/generation/decode_attention.py): one query per row against its
-cache gives ``transformers``' ``sdpa`` result for GQA and plain multi-head shapes and every mask form, the calls it
-does not take reach ``sdpa`` unchanged, the registry is as before when the block exits, and the decode loop
-samples the same tokens with and without it.
+"""CPU attention (rlhf_train/models/attention.py): one query per row against its cache, and masked GQA attention
+with several queries (forward and gradients), give ``transformers``' ``sdpa`` results for every mask form; the
+calls it does not take reach ``sdpa`` unchanged, the registry is as before when the block exits (nested blocks
+too), and the decode loop samples the same tokens with and without it.
 
 Budget: ~2 s on 2 CPU cores.
 """
@@ -15,7 +15,7 @@ from torch import nn
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from rlhf_train.generation.decode_attention import grouped_decode_attention
+from rlhf_train.models.attention import cpu_attention
 
 
 class _Layer(nn.Module):  # what transformers' attention functions read off the attention layer
@@ -42,7 +42,7 @@ def test_one_query_attention_equals_sdpa(H, H_kv, mask):
     m = {"bool": keep, "additive": torch.zeros(keep.shape).masked_fill_(~keep, float("-inf")), "none": None}[mask]
     layer = _Layer(H // H_kv)
     expected, _ = sdpa_attention_forward(layer, q, k, v, m, scaling=0.3)
-    with grouped_decode_attention():
+    with cpu_attention():
         got, weights = ALL_ATTENTION_FUNCTIONS["sdpa"](layer, q, k, v, m, scaling=0.3)
     assert weights is None and got.shape == expected.shape == (5, 1, H, 8)
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
@@ -55,15 +55,38 @@ def test_calls_it_does_not_take_go_to_sdpa_and_the_registry_is_restored(monkeypa
     before = ALL_ATTENTION_FUNCTIONS["sdpa"]
     q, k, v, keep = _inputs()
     prefill = torch.randn(5, 6, 3, 8)  # 3 queries
-    with grouped_decode_attention():
+    with cpu_attention():
         assert ALL_ATTENTION_FUNCTIONS["sdpa"] is not before
         with torch.no_grad():
             ALL_ATTENTION_FUNCTIONS["sdpa"](_Layer(3), q, k, v, keep)            # taken: not seen
-            ALL_ATTENTION_FUNCTIONS["sdpa"](_Layer(3), prefill, k, v, None)     # a prefill: sdpa's
+            ALL_ATTENTION_FUNCTIONS["sdpa"](_Layer(3), prefill, k, v, None)     # no mask: sdpa's own GQA
+            ALL_ATTENTION_FUNCTIONS["sdpa"](_Layer(3), q, k, v, keep, dropout=0.1)  # dropout: sdpa's
+            with cpu_attention():  # nested: the outer block's function stays
+                ALL_ATTENTION_FUNCTIONS["sdpa"](_Layer(3), q, k, v, keep)
         with torch.enable_grad():
-            ALL_ATTENTION_FUNCTIONS["sdpa"](_Layer(3), q.requires_grad_(), k, v, keep)  # a gradient: sdpa's
-    assert seen == [3, 1]
+            ALL_ATTENTION_FUNCTIONS["sdpa"](_Layer(1), q.requires_grad_(), k[:, :1].expand(5, 6, 11, 8).clone(), v[
+                :, :1].expand(5, 6, 11, 8).clone(), keep)  # one query with a gradient, no GQA: sdpa's
+    assert seen == [3, 1, 1]
     assert ALL_ATTENTION_FUNCTIONS["sdpa"] is before
+
+
+@pytest.mark.parametrize("mask", ["bool", "additive"])
+def test_masked_gqa_with_several_queries_equals_sdpa_with_its_gradients(mask):
+    g = torch.Generator().manual_seed(2)
+    B, H, H_kv, Q, L, d = 3, 6, 2, 4, 9, 8
+    q, k, v = (torch.randn(*shape, generator=g, dtype=torch.float64, requires_grad=True)
+               for shape in ((B, H, Q, d), (B, H_kv, L, d), (B, H_kv, L, d)))
+    keep = torch.ones(B, 1, Q, L, dtype=torch.bool).tril(diagonal=L - Q)  # causal, the prompt in the cache
+    keep[0, ..., :3] = False  # left padding
+    m = keep if mask == "bool" else torch.zeros(keep.shape, dtype=torch.float64).masked_fill_(~keep, float("-inf"))
+    layer, grad_out = _Layer(H // H_kv), torch.randn(B, Q, H, d, generator=g, dtype=torch.float64)
+    expected, _ = sdpa_attention_forward(layer, q, k, v, m)
+    expected_grads = torch.autograd.grad(expected, (q, k, v), grad_out)
+    with cpu_attention():
+        got, _ = ALL_ATTENTION_FUNCTIONS["sdpa"](layer, q, k, v, m)
+    torch.testing.assert_close(got, expected)
+    for a, b in zip(torch.autograd.grad(got, (q, k, v), grad_out), expected_grads):
+        torch.testing.assert_close(a, b)
 
 
 def test_the_decode_loop_samples_the_same_tokens_with_grouped_attention(monkeypatch):
@@ -84,7 +107,7 @@ def test_the_decode_loop_samples_the_same_tokens_with_grouped_attention(monkeypa
                                              num_samples=2, keep_hidden=True)
 
     tokens, log_probs, hidden = sample()
-    monkeypatch.setattr(decode_loop, "grouped_decode_attention", contextlib.nullcontext)
+    monkeypatch.setattr(decode_loop, "cpu_attention", contextlib.nullcontext)
     tokens0, log_probs0, hidden0 = sample()
     assert torch.equal(tokens, tokens0)
     torch.testing.assert_close(log_probs, log_probs0, rtol=1e-5, atol=1e-6)

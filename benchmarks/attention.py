@@ -1,14 +1,15 @@
-"""A decode step's attention: ``transformers``' ``sdpa`` (the CPU flash kernel) against the decode loop's two batched
-matmuls (``rlhf_train/generation/decode_attention.py``), per call and over a whole generation.
+"""CPU attention: ``transformers``' ``sdpa`` against ``rlhf_train/models/attention.py`` (a decode step's two batched
+matmuls; masked GQA on the kernel's own ``enable_gqa``), per call and over a whole generation.
 
-Per call: one query per row and head (``[rows, heads, 1, d]``, strided as an attention layer's view) against
+Per decode call: one query per row and head (``[rows, heads, 1, d]``, strided as an attention layer's view) against
 ``[rows, kv_heads, L, d]`` cached keys and values and a ``[rows, 1, 1, L]`` mask, at cache lengths ``L`` of the
 shape's prompt + response (``shapes.py``), each way through ``transformers``' attention registry; best of
-``--rounds``. Then the decode loop (``sample_with_cache``) on a random-weight model of the shape, ``--prompts`` ×
+``--rounds``. Per masked GQA call, forward + backward: ``rows / 2`` rows (a micro-batch) of the shape's
+``new_tokens`` queries against prompt + response keys, a causal mask over the cached prompt. Then the decode loop (``sample_with_cache``) on a random-weight model of the shape, ``--prompts`` ×
 ``--num-samples`` rows and the shape's ``new_tokens``, with and without the grouped attention, alternating, medians
 of ``--rounds``. One JSON line.
 
-    python benchmarks/decode_attention.py --shape smollm2
+    python benchmarks/attention.py --shape smollm2
 """
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ from shapes import SHAPES  # noqa: E402
 def per_call_ms(rows: int, heads: int, kv_heads: int, d: int, L: int, rounds: int) -> dict:
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-    from rlhf_train.generation.decode_attention import grouped_decode_attention
+    from rlhf_train.models.attention import cpu_attention
 
     layer = torch.nn.Module()
     layer.num_key_value_groups, layer.is_causal = heads // kv_heads, True
@@ -56,9 +57,39 @@ def per_call_ms(rows: int, heads: int, kv_heads: int, d: int, L: int, rounds: in
 
     with torch.no_grad():
         sdpa = best()
-        with grouped_decode_attention():
+        with cpu_attention():
             grouped = best()
     return {"L": L, "sdpa_ms": round(sdpa, 4), "grouped_ms": round(grouped, 4), "speedup": round(sdpa / grouped, 2)}
+
+
+def gqa_fwd_bwd_ms(rows: int, heads: int, kv_heads: int, d: int, Q: int, L: int, rounds: int) -> dict:
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    from rlhf_train.models.attention import cpu_attention
+
+    layer = torch.nn.Module()
+    layer.num_key_value_groups, layer.is_causal = heads // kv_heads, True
+    q = torch.randn(rows, Q, heads, d).transpose(1, 2).requires_grad_()
+    k, v = (torch.randn(rows, kv_heads, L, d, requires_grad=True) for _ in range(2))
+    mask = torch.ones(rows, 1, Q, L, dtype=torch.bool).tril(diagonal=L - Q)
+    mask[: rows // 2, ..., : (L - Q) // 4] = False  # left padding in half the rows
+    grad = torch.randn(rows, Q, heads, d)
+
+    def best(n: int = 20) -> float:
+        fn = ALL_ATTENTION_FUNCTIONS["sdpa"]
+        out = float("inf")
+        for _ in range(rounds):
+            start = time.perf_counter()
+            for _ in range(n):
+                torch.autograd.grad(fn(layer, q, k, v, mask)[0], (q, k, v), grad)
+            out = min(out, (time.perf_counter() - start) / n * 1e3)
+        return out
+
+    sdpa = best()
+    with cpu_attention():
+        gqa = best()
+    return {"rows": rows, "Q": Q, "L": L, "sdpa_ms": round(sdpa, 3), "enable_gqa_ms": round(gqa, 3),
+            "speedup": round(sdpa / gqa, 2)}
 
 
 def decode_loop_s(shape: dict, prompts: int, num_samples: int, rounds: int) -> dict:
@@ -75,17 +106,17 @@ def decode_loop_s(shape: dict, prompts: int, num_samples: int, rounds: int) -> d
     prompt = torch.randint(2, shape["vocab"], (prompts, P))
     mask = torch.ones(prompts, P, dtype=torch.long)
     mask[: prompts // 2, : P // 2] = 0  # prompts of P/2 … P tokens, left-padded
-    grouped = decode_loop.grouped_decode_attention
+    grouped = decode_loop.cpu_attention
     times = {"sdpa": [], "grouped": []}
     for r in range(rounds + 1):  # the first round warms up, untimed
         for name in times:
-            decode_loop.grouped_decode_attention = grouped if name == "grouped" else contextlib.nullcontext
+            decode_loop.cpu_attention = grouped if name == "grouped" else contextlib.nullcontext
             start = time.perf_counter()
             decode_loop.sample_with_cache(lm, prompt, mask, max_new_tokens=shape["new_tokens"], eos_token_id=-1,
                                           pad_token_id=0, num_samples=num_samples)
             if r:
                 times[name].append(time.perf_counter() - start)
-    decode_loop.grouped_decode_attention = grouped
+    decode_loop.cpu_attention = grouped
     return {f"decode_loop_{name}_s": round(statistics.median(t), 3) for name, t in times.items()}
 
 
@@ -101,7 +132,8 @@ def main() -> None:
     s = SHAPES[args.shape]
     rows, d, total = args.prompts * args.num_samples, s["width"] // s["heads"], s["prompt_len"] + s["new_tokens"]
     calls = [per_call_ms(rows, s["heads"], s["kv_heads"], d, L, args.rounds) for L in (s["prompt_len"], total)]
-    print(json.dumps({"shape": args.shape, "rows": rows, "threads": args.threads, "per_call": calls,
+    gqa = gqa_fwd_bwd_ms(rows // 2, s["heads"], s["kv_heads"], d, s["new_tokens"], total, args.rounds)
+    print(json.dumps({"shape": args.shape, "rows": rows, "threads": args.threads, "per_call": calls, "gqa_fwd_bwd": gqa,
                       **decode_loop_s(s, args.prompts, args.num_samples, args.rounds)}))
 
 
