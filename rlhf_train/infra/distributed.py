@@ -142,8 +142,8 @@ def end_training(accelerator, exit_code: int, seconds: float = TEARDOWN_DEADLINE
         if done.wait(seconds):
             return
         print(f"[rlhf_train] the process group's teardown (accelerator.end_training) did not return in "
-              f"{seconds:.0f} s after the run finished; everything was written before it. Its threads' stacks:",
-              file=sys.stderr, flush=True)
+              f"{seconds:.0f} s after the run finished; everything was written before it. Exiting with status "
+              f"{exit_code}; the threads' stacks:", file=sys.stderr, flush=True)
         faulthandler.dump_traceback(sys.stderr, all_threads=True)
         logging.shutdown()  # the run's log handlers, flushed and closed
         os._exit(exit_code)
