@@ -33,61 +33,54 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from shapes import SHAPES  # noqa: E402
 
 
-def per_call_ms(rows: int, heads: int, kv_heads: int, d: int, L: int, rounds: int) -> dict:
+def _sdpa_and_ours_ms(call, rounds: int, n: int) -> tuple[float, float]:
+    """Best of ``rounds`` mean times (ms) of ``call(fn)``, ``n`` calls each, with ``fn`` the registry's ``"sdpa"``:
+    ``transformers``' own, then under :func:`~rlhf_train.models.attention.cpu_attention`."""
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
     from rlhf_train.models.attention import cpu_attention
 
-    layer = torch.nn.Module()
-    layer.num_key_value_groups, layer.is_causal = heads // kv_heads, True
-    q = torch.randn(rows, 1, heads, d).transpose(1, 2)
-    k, v = torch.randn(rows, kv_heads, L, d), torch.randn(rows, kv_heads, L, d)
-    mask = torch.ones(rows, 1, 1, L, dtype=torch.bool)
-    mask[: rows // 2, ..., : L // 4] = False  # left padding in half the rows
-
-    def best(n: int = 200) -> float:
-        fn = ALL_ATTENTION_FUNCTIONS["sdpa"]
-        out = float("inf")
+    def best() -> float:
+        fn, out = ALL_ATTENTION_FUNCTIONS["sdpa"], float("inf")
         for _ in range(rounds):
             start = time.perf_counter()
             for _ in range(n):
-                fn(layer, q, k, v, mask)
-            out = min(out, (time.perf_counter() - start) / n * 1e3)
-        return out
-
-    with torch.no_grad():
-        sdpa = best()
-        with cpu_attention():
-            grouped = best()
-    return {"L": L, "sdpa_ms": round(sdpa, 4), "grouped_ms": round(grouped, 4), "speedup": round(sdpa / grouped, 2)}
-
-
-def gqa_fwd_bwd_ms(rows: int, heads: int, kv_heads: int, d: int, Q: int, L: int, rounds: int) -> dict:
-    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-
-    from rlhf_train.models.attention import cpu_attention
-
-    layer = torch.nn.Module()
-    layer.num_key_value_groups, layer.is_causal = heads // kv_heads, True
-    q = torch.randn(rows, Q, heads, d).transpose(1, 2).requires_grad_()
-    k, v = (torch.randn(rows, kv_heads, L, d, requires_grad=True) for _ in range(2))
-    mask = torch.ones(rows, 1, Q, L, dtype=torch.bool).tril(diagonal=L - Q)
-    mask[: rows // 2, ..., : (L - Q) // 4] = False  # left padding in half the rows
-    grad = torch.randn(rows, Q, heads, d)
-
-    def best(n: int = 20) -> float:
-        fn = ALL_ATTENTION_FUNCTIONS["sdpa"]
-        out = float("inf")
-        for _ in range(rounds):
-            start = time.perf_counter()
-            for _ in range(n):
-                torch.autograd.grad(fn(layer, q, k, v, mask)[0], (q, k, v), grad)
+                call(fn)
             out = min(out, (time.perf_counter() - start) / n * 1e3)
         return out
 
     sdpa = best()
     with cpu_attention():
-        gqa = best()
+        return sdpa, best()
+
+
+def _layer(heads: int, kv_heads: int) -> torch.nn.Module:
+    """What ``transformers``' attention functions read off an attention layer."""
+    layer = torch.nn.Module()
+    layer.num_key_value_groups, layer.is_causal = heads // kv_heads, True
+    return layer
+
+
+def per_call_ms(rows: int, heads: int, kv_heads: int, d: int, L: int, rounds: int) -> dict:
+    layer = _layer(heads, kv_heads)
+    q = torch.randn(rows, 1, heads, d).transpose(1, 2)
+    k, v = torch.randn(rows, kv_heads, L, d), torch.randn(rows, kv_heads, L, d)
+    mask = torch.ones(rows, 1, 1, L, dtype=torch.bool)
+    mask[: rows // 2, ..., : L // 4] = False  # left padding in half the rows
+    with torch.no_grad():
+        sdpa, grouped = _sdpa_and_ours_ms(lambda fn: fn(layer, q, k, v, mask), rounds, n=200)
+    return {"L": L, "sdpa_ms": round(sdpa, 4), "grouped_ms": round(grouped, 4), "speedup": round(sdpa / grouped, 2)}
+
+
+def gqa_fwd_bwd_ms(rows: int, heads: int, kv_heads: int, d: int, Q: int, L: int, rounds: int) -> dict:
+    layer = _layer(heads, kv_heads)
+    q = torch.randn(rows, Q, heads, d).transpose(1, 2).requires_grad_()
+    k, v = (torch.randn(rows, kv_heads, L, d, requires_grad=True) for _ in range(2))
+    mask = torch.ones(rows, 1, Q, L, dtype=torch.bool).tril(diagonal=L - Q)
+    mask[: rows // 2, ..., : (L - Q) // 4] = False  # left padding in half the rows
+    grad = torch.randn(rows, Q, heads, d)
+    sdpa, gqa = _sdpa_and_ours_ms(lambda fn: torch.autograd.grad(fn(layer, q, k, v, mask)[0], (q, k, v), grad),
+                                  rounds, n=20)
     return {"rows": rows, "Q": Q, "L": L, "sdpa_ms": round(sdpa, 3), "enable_gqa_ms": round(gqa, 3),
             "speedup": round(sdpa / gqa, 2)}
 

@@ -60,6 +60,11 @@ def _hidden(out) -> torch.Tensor:
     return out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
 
 
+def _checkpointed(trunk: nn.Module) -> bool:
+    """Whether ``trunk`` has layers under gradient checkpointing (they run their forward again in the backward)."""
+    return any(getattr(m, "gradient_checkpointing", False) is True for m in trunk.modules())
+
+
 def _prompt_cache(trunk: nn.Module):
     """An empty ``DynamicCache`` for ``trunk``, or ``None`` where a shared prompt does not apply (see the module)."""
     from transformers import DynamicCache
@@ -69,7 +74,7 @@ def _prompt_cache(trunk: nn.Module):
     config = getattr(trunk, "config", None)
     if config is None or getattr(config, "is_encoder_decoder", False):
         return None
-    if any(getattr(m, "gradient_checkpointing", False) is True for m in trunk.modules()):  # checkpointed layers
+    if _checkpointed(trunk):
         return None
     try:
         cache = DynamicCache(config=config)
@@ -95,8 +100,7 @@ def trunk_hidden(trunk: nn.Module, full: torch.Tensor, full_mask: torch.Tensor, 
     cache = _prompt_cache(trunk) if groups is not None and prompt_len < full.shape[1] else None
     # GQA's keys and values read in place on CPU (models/attention.py); not where layers recompute their forward
     # in the backward (gradient checkpointing), which must give the tensors it saved the first time
-    recomputes = torch.is_grad_enabled() and any(getattr(m, "gradient_checkpointing", False) for m in trunk.modules())
-    with contextlib.nullcontext() if recomputes else cpu_attention():
+    with contextlib.nullcontext() if torch.is_grad_enabled() and _checkpointed(trunk) else cpu_attention():
         if cache is None:
             return _hidden(trunk(input_ids=full, attention_mask=full_mask.long(), position_ids=position_ids,
                                  use_cache=False))
