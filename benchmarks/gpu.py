@@ -71,6 +71,7 @@ import torch  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import flops  # noqa: E402  (benchmarks/ is not a package)
+from standin import StandInTokenizer  # noqa: E402
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 
@@ -147,20 +148,6 @@ def compose_config(a, model: str, algo: str, lora: bool, dtype: str, num_prompts
         cfg.policy.config = {k: v for k, v in shape.items() if k != "vocab_size"}  # the vocabulary: the tokenizer's
     return cfg, shape["vocab_size"]
 
-
-class StandInTokenizer:
-    """What the trainer needs of a tokenizer for random token ids (no hub access): EOS = pad = BOS = the last id.
-    (``ppo_iteration.py``'s, not imported from there: that module imports torchrl.)"""
-
-    def __init__(self, vocab: int):
-        self.vocab = vocab
-        self.eos_token_id = self.pad_token_id = self.bos_token_id = vocab - 1
-
-    def __len__(self) -> int:
-        return self.vocab
-
-    def decode(self, ids) -> str:
-        return " ".join(str(int(i)) for i in ids)
 
 
 class Phases:

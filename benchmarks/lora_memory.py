@@ -39,26 +39,12 @@ import torch
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
+sys.path.insert(0, str(HERE))
+from standin import StandInTokenizer  # noqa: E402  (benchmarks/ is not a package)
+
 SMOLLM2_135M = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
                     num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=2048,
                     tie_word_embeddings=True, rms_norm_eps=1e-5, rope_theta=100000.0)
-
-
-class StandInTokenizer:
-    """What the trainer needs of a tokenizer for random-token prompts: ``vocab`` ids, EOS = pad = the last."""
-
-    def __init__(self, vocab: int):
-        self.vocab = vocab
-        self.eos_token_id = self.pad_token_id = self.bos_token_id = vocab - 1
-
-    def __len__(self) -> int:
-        return self.vocab
-
-    def decode(self, ids, **_) -> str:
-        return " ".join(str(int(i)) for i in ids)
-
-    def batch_decode(self, rows, **_) -> list[str]:
-        return [self.decode(r) for r in rows]
 
 
 def stand_in_tokenizer(**_):

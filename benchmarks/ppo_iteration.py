@@ -63,27 +63,12 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import flops  # noqa: E402  (benchmarks/ is not a package)
 from shapes import ALGORITHMS, SHAPES  # noqa: E402
+from standin import StandInTokenizer  # noqa: E402
 
 from rlhf_train.compat.torchrl import to_torchrl  # noqa: E402
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 
-
-class StandInTokenizer:
-    """What the trainer needs of a tokenizer for random-token benchmarks (no hub access): GPT-2's ids.
-
-    EOS = pad = BOS = ``vocab - 1`` (50256 for GPT-2's 50257 tokens).
-    """
-
-    def __init__(self, vocab: int):
-        self.vocab = vocab
-        self.eos_token_id = self.pad_token_id = self.bos_token_id = vocab - 1
-
-    def __len__(self) -> int:
-        return self.vocab
-
-    def decode(self, ids) -> str:
-        return " ".join(str(int(i)) for i in ids)
 
 
 def compose_config(*, layers, width, heads, vocab, prompt_len, new_tokens, rollouts, epochs, minibatch, threads,
