@@ -5,10 +5,12 @@ trunk's q/k/v, o, gate/up and down projections of every layer, then the LM head)
 times exactly those matmuls, on weights of a shape in ``shapes.py`` (distinct tensors per layer, as in the model,
 so none stays in cache), and sets them against a large GEMM's rate and the memory bandwidth (one read of all
 the weights per step). One JSON line: the step's matmul seconds, its GFLOP/s, the bytes/s it streams, the
-large-GEMM rate, the bandwidth, and the seconds of ``new_tokens`` steps; then the same step with the trunk's
-weights MKL-packed for ``rows`` rows (what the decode loop does, ``rlhf_train/generation/packed_weights.py``),
-``step_matmul_packed_s``, and the seconds packing all of them takes (``pack_s``, once per generation call). The
-plain and packed steps alternate, ``--rounds`` times; the best of each is printed.
+large-GEMM rate, the bandwidth, and the seconds of ``new_tokens`` steps; then the same step computed weight-major,
+``(W @ xᵀ)ᵀ`` (what the decode loop does, ``rlhf_train/generation/weight_major.py``), ``step_matmul_weight_major_s``,
+with ``same_numbers`` (whether both give equal results to the last bit, on the first layer's weights); and with the
+trunk's weights MKL-packed for ``rows`` rows (``torch.ops.mkl._mkl_linear``), ``step_matmul_packed_s``, and the
+seconds packing all of them takes, ``pack_s`` (null where torch has no MKL). The steps alternate, ``--rounds``
+times; the best of each is printed.
 
     python benchmarks/decode_gemm.py --shape smollm2 --rows 32
 """
@@ -58,6 +60,11 @@ def main() -> None:
             F.linear(x, qkv), F.linear(x, o), F.linear(x, gate_up), F.linear(xi, down)
         torch.mm(head, x.t())  # the LM head, vocabulary-major as the decode loop computes it
 
+    def weight_major_step():
+        for qkv, o, gate_up, down in weights:
+            torch.mm(qkv, x.t()).t(), torch.mm(o, x.t()).t(), torch.mm(gate_up, x.t()).t(), torch.mm(down, xi.t()).t()
+        torch.mm(head, x.t())
+
     def packed_step():
         for (qkv, o, gate_up, down), (p_qkv, p_o, p_gate_up, p_down) in zip(weights, packed):
             mkl_linear(x, p_qkv, qkv), mkl_linear(x, p_o, o), mkl_linear(x, p_gate_up, gate_up)
@@ -68,12 +75,15 @@ def main() -> None:
         return [[torch.ops.mkl._mkl_reorder_linear_weight(w, args.rows) for w in layer] for layer in weights]
 
     mkl_linear = lambda x_, p, w: torch.ops.mkl._mkl_linear(x_, p, w, None, args.rows)  # noqa: E731
+    has_mkl = torch.backends.mkl.is_available() and hasattr(torch.ops.mkl, "_mkl_linear")
     start = time.perf_counter()
-    packed = pack()
-    pack_s = time.perf_counter() - start
-    step_s, packed_s = float("inf"), float("inf")
+    packed = pack() if has_mkl else None
+    pack_s = time.perf_counter() - start if has_mkl else None
+    step_s = weight_major_s = packed_s = float("inf")
     for _ in range(args.rounds):  # alternating: the machine's speed changes between them alike
-        step_s, packed_s = min(step_s, best_of(step)), min(packed_s, best_of(packed_step))
+        step_s, weight_major_s = min(step_s, best_of(step)), min(weight_major_s, best_of(weight_major_step))
+        packed_s = min(packed_s, best_of(packed_step)) if has_mkl else packed_s
+    same = all(torch.equal(F.linear(x_, w), torch.mm(w, x_.t()).t()) for x_, w in zip((x, x, x, xi), weights[0]))
     params = sum(w.numel() for layer in weights for w in layer) + head.numel()
     big = torch.randn(2048, 2048)
     gemm = 2 * 2048 ** 3 / best_of(lambda: big @ big) / 1e9
@@ -86,8 +96,10 @@ def main() -> None:
                           large_gemm_gflop_per_s=round(gemm, 1), memory_read_gb_per_s=round(read, 1),
                           new_tokens=s["new_tokens"], decode_matmul_s=round(s["new_tokens"] * step_s, 2),
                           decode_matmul_at_large_gemm_rate_s=round(s["new_tokens"] * flops / gemm / 1e9, 2),
-                          step_matmul_packed_s=round(packed_s, 4), pack_s=round(pack_s, 3),
-                          decode_matmul_packed_s=round(s["new_tokens"] * packed_s, 2))))
+                          step_matmul_weight_major_s=round(weight_major_s, 4), same_numbers=same,
+                          decode_matmul_weight_major_s=round(s["new_tokens"] * weight_major_s, 2),
+                          step_matmul_packed_s=round(packed_s, 4) if has_mkl else None,
+                          pack_s=round(pack_s, 3) if has_mkl else None)))
 
 
 if __name__ == "__main__":

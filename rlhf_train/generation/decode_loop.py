@@ -30,7 +30,7 @@ from rlhf_train.core.containers import is_eos, position_ids_from_mask
 from rlhf_train.core.sampling import SamplingParams, sample_filtered, sample_vocab_major
 from rlhf_train.generation.base import Generation, finish, pad_steps
 from rlhf_train.generation.hf_generate import HFGenerateBackend
-from rlhf_train.generation.packed_weights import packed_linears
+from rlhf_train.generation.weight_major import weight_major_linears
 from rlhf_train.models.attention import cpu_attention
 from rlhf_train.models.scoring import lm_trunk_and_head, vocab_major_logits
 from rlhf_train.models.shared_prompt import cache_argument, cache_of
@@ -124,8 +124,8 @@ def sample_with_cache(lm: nn.Module, prompt: torch.Tensor, prompt_mask: torch.Te
     finished = torch.zeros(B, dtype=torch.bool, device=prompt.device)
     tokens, log_probs, hidden = [], [], []
     logits_buffer = None  # [V, B], reused every step (the sampler overwrites it)
-    # the decode steps' [B, H] matmuls on MKL-packed weights and their attention as two batched matmuls (CPU)
-    with packed_linears(trunk, B), cpu_attention():
+    # the decode steps' [B, H] matmuls weight-major and their attention as two batched matmuls (CPU)
+    with weight_major_linears(trunk), cpu_attention():
         for t in range(max_new_tokens):
             if keep_hidden:
                 hidden.append(h)
