@@ -75,7 +75,7 @@ class LargeTensors(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         inputs = {a.untyped_storage().data_ptr() for a in torch.utils._pytree.tree_leaves((args, kwargs))
-                  if _strided(a)}  # not the decode loop's MKL-packed weights (opaque: no storage to read)
+                  if _strided(a)}  # strided tensors only: an opaque (MKL-DNN) one has no storage to read
         for t in (out if isinstance(out, (tuple, list)) else (out,)):
             if (_strided(t) and t.numel() >= self.threshold and Phase.name != "other"
                     and t.untyped_storage().data_ptr() not in inputs):  # written memory, not a view or in place

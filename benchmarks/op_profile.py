@@ -28,8 +28,8 @@ import time  # noqa: E402
 
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
-# an op's kind: aten ops by name (``aten::add_`` is ``add``, in place), the rest (``mkl::_mkl_linear``, the
-# decode steps' packed GEMM) by a part of their name
+# an op's kind: aten ops by name (``aten::add_`` is ``add``, in place), the rest (e.g. ``mkl::_mkl_linear``) by a
+# part of their name
 KINDS = {
     "matmul": {"mm", "addmm", "bmm", "baddbmm", "matmul", "addmv", "mv", "dot"},
     "attention": {"_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_flash_attention_for_cpu_backward",
