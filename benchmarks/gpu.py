@@ -149,7 +149,6 @@ def compose_config(a, model: str, algo: str, lora: bool, dtype: str, num_prompts
     return cfg, shape["vocab_size"]
 
 
-
 class Phases:
     """Times the run's components (wrapping them, no change to rlhf_train) and records which dtype the first
     linear layer of the policy (and of the reference) computed in during each phase."""

@@ -70,7 +70,6 @@ from rlhf_train.compat.torchrl import to_torchrl  # noqa: E402
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 
 
-
 def compose_config(*, layers, width, heads, vocab, prompt_len, new_tokens, rollouts, epochs, minibatch, threads,
                    seed, num_prompts=None, algorithm="ppo", num_samples=1, extra=(), llama=None):
     """The trainer's Hydra config for this shape (``conf/`` + overrides), type-checked by the schemas.
