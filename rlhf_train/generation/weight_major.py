@@ -5,7 +5,7 @@ A decode step multiplies ``[B, H]`` rows (B = 32 at the benchmark shapes) by eve
 ``W @ xᵀ`` (the weight's rows as the GEMM's long side, as the LM head's vocabulary-major logits already are), gives
 the same numbers (equal to the last bit in ``benchmarks/decode_gemm.py``'s check) in less time. Measured on one
 2-core AMD EPYC VM (2 threads, 2026-11-29), SmolLM2-135M's trunk (separate q/k/v/o/gate/up/down weights, 30
-layers): a step's matmuls 50 ms against 66 ms at 32 rows, and 12-33 % less at 8 to 128 rows;
+layers): a step's matmuls 50 ms against 66 ms at 32 rows, and 17-33 % less at 8 to 128 rows;
 ``decode_gemm.py`` (q/k/v and gate/up fused, the LM head included): 62 against 71 ms; the decode loop, 8 prompts ×
 4 samples × 48 tokens: 4.7 against 5.5 s with MKL's packed GEMM (``torch.ops.mkl._mkl_linear`` on weights packed
 for the row count, which this module replaced: on that VM it ran no faster than the plain product and packed
