@@ -60,9 +60,12 @@ def main() -> None:
             F.linear(x, qkv), F.linear(x, o), F.linear(x, gate_up), F.linear(xi, down)
         torch.mm(head, x.t())  # the LM head, vocabulary-major as the decode loop computes it
 
+    def weight_major(x_, w):  # (W @ xᵀ)ᵀ, as rlhf_train/generation/weight_major.py computes a decode step's linear
+        return torch.mm(w, x_.t()).t()
+
     def weight_major_step():
         for qkv, o, gate_up, down in weights:
-            torch.mm(qkv, x.t()).t(), torch.mm(o, x.t()).t(), torch.mm(gate_up, x.t()).t(), torch.mm(down, xi.t()).t()
+            weight_major(x, qkv), weight_major(x, o), weight_major(x, gate_up), weight_major(xi, down)
         torch.mm(head, x.t())
 
     def packed_step():
@@ -83,7 +86,7 @@ def main() -> None:
     for _ in range(args.rounds):  # alternating: the machine's speed changes between them alike
         step_s, weight_major_s = min(step_s, best_of(step)), min(weight_major_s, best_of(weight_major_step))
         packed_s = min(packed_s, best_of(packed_step)) if has_mkl else packed_s
-    same = all(torch.equal(F.linear(x_, w), torch.mm(w, x_.t()).t()) for x_, w in zip((x, x, x, xi), weights[0]))
+    same = all(torch.equal(F.linear(x_, w), weight_major(x_, w)) for x_, w in zip((x, x, x, xi), weights[0]))
     params = sum(w.numel() for layer in weights for w in layer) + head.numel()
     big = torch.randn(2048, 2048)
     gemm = 2 * 2048 ** 3 / best_of(lambda: big @ big) / 1e9
