@@ -20,17 +20,24 @@ import leaves the host process's environment alone. A variable already exported 
   spinning threads burn the time slices the others need: 20-28 s per iteration spinning against 14.5-15.0 s
   sleeping. So export ``OMP_WAIT_POLICY=PASSIVE GOMP_SPINCOUNT=10000`` on a machine you share, or give each
   process fewer threads (``trainer.num_threads``).
-* ``MALLOC_MMAP_THRESHOLD_=33554432`` and ``MALLOC_TRIM_THRESHOLD_`` (never): glibc's malloc serves
-  tensors under 32 MB (its largest threshold) from its heap and keeps freed memory mapped, instead of
-  mapping every such tensor afresh (glibc's own threshold grows only to the size last freed) and
+* ``MALLOC_MMAP_THRESHOLD_=33554432``, ``MALLOC_MMAP_MAX_=0`` and ``MALLOC_TRIM_THRESHOLD_`` (never): glibc's
+  malloc serves every tensor from its heap and keeps freed memory mapped, instead of mapping each large
+  tensor afresh (above its threshold, which grows only to the size last freed and never past 32 MB) and
   returning the heap's top to the kernel whenever 64 MB are free there. A training step allocates its
   activations anew every pass (SmolLM2-135M's shape: ~50 KB per token and layer, GB per update), and each
   fresh page is a page fault with its zeroing: allocating and holding 120 tensors of 22 MB ([32, 112, 1536])
   took 52-63 k minor faults and 1.8-3.7 s of CPU every round with glibc's defaults, 0 faults and 0.93-1.1 s
-  from the second round on with these. The cost: the process's resident memory stays at its peak (it is
-  reused, not returned). glibc reads these variables when the process starts, so for the running process
-  :func:`set_cpu_defaults` applies the same two settings with ``mallopt``; the variables carry them to
-  child processes.
+  from the second round on with the threshold and the trim setting. ``MALLOC_MMAP_MAX_=0`` (no mapping
+  of its own for any size) does the same for the update's tensors of 32 MB and more, which glibc maps
+  afresh at any threshold: the LM head's ``[V, N]`` buffer (144 MB per micro-batch at SmolLM2's shape) and
+  the ``[V, H]`` gradients (108 MB). Measured 2026-11-30 on the 2-core VM, ``benchmarks/ppo_iteration.py
+  --shape smollm2 --algorithm grpo --repeats 3``, two alternating rounds: update 8.71 and 8.68 s with it
+  against 9.02 and 9.26 s without, peak RSS 5.94 / 5.91 against 5.85 / 5.91 GB; ``--algorithm ppo``: update
+  39.7 and 38.0 s against 40.2 and 40.2 s, peak RSS 5.93 / 6.09 against 5.96 / 5.87 GB. The cost: the process's
+  resident memory stays at its peak (it is reused, not returned; :func:`rlhf_train.infra.memory.release_freed_memory`
+  gives it back between a pipeline's stages). glibc reads these variables when the process starts, so for
+  the running process :func:`set_cpu_defaults` applies the same settings with ``mallopt``; the variables
+  carry them to child processes.
 """
 from __future__ import annotations
 
@@ -39,8 +46,10 @@ import os
 MMAP_THRESHOLD = 32 << 20   # glibc's largest (DEFAULT_MMAP_THRESHOLD_MAX on 64-bit)
 NEVER_TRIM = (1 << 64) - 1   # SIZE_MAX: the heap's top is never returned
 CPU_DEFAULTS = {"THP_MEM_ALLOC_ENABLE": "1", "MALLOC_MMAP_THRESHOLD_": str(MMAP_THRESHOLD),
-                "MALLOC_TRIM_THRESHOLD_": str(NEVER_TRIM)}
-_MALLOPT = {"MALLOC_TRIM_THRESHOLD_": -1, "MALLOC_MMAP_THRESHOLD_": -3}  # glibc's M_TRIM_THRESHOLD, M_MMAP_THRESHOLD
+                "MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(NEVER_TRIM)}
+# glibc's M_TRIM_THRESHOLD, M_MMAP_THRESHOLD, M_MMAP_MAX and the value each is given here
+_MALLOPT = {"MALLOC_TRIM_THRESHOLD_": (-1, -1), "MALLOC_MMAP_THRESHOLD_": (-3, MMAP_THRESHOLD),
+            "MALLOC_MMAP_MAX_": (-4, 0)}
 
 
 def set_cpu_defaults() -> None:
@@ -62,8 +71,7 @@ def apply_malloc_settings(keys) -> bool:
         return False
     libc = ctypes.CDLL(None)
     for key in keys:  # mallopt takes an int: -1 is SIZE_MAX once glibc casts it to size_t (never trim)
-        value = MMAP_THRESHOLD if key == "MALLOC_MMAP_THRESHOLD_" else -1
-        libc.mallopt(_MALLOPT[key], value)
+        libc.mallopt(*_MALLOPT[key])
     return True
 
 
