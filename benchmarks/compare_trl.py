@@ -10,8 +10,10 @@ Every measurement is a fresh process (so ``peak_rss_mb`` is that process's own p
 models, runs ``--warmup`` untimed iterations and times ``--repeats`` more. The processes of one round
 run back to back, rlhf_train then TRL (then TRL with rlhf_train's CPU settings, ``THP_MEM_ALLOC_ENABLE=1``
 and glibc's ``MALLOC_*`` thresholds), for ``--rounds`` rounds: load from elsewhere hits both sides alike.
-TRL runs under its defaults otherwise (those variables removed from its environment). Both sides: one process,
-fp32, ``--threads`` torch threads, random weights.
+TRL runs under its defaults otherwise (those variables removed from its environment), but for its precision:
+both sides run float32 (TRL's configs default to ``bf16=True``, which autocasts the update to bfloat16 on a CPU
+with bfloat16 instructions; ``--trl-bf16`` keeps that default, ``benchmarks/trl_side.py`` has the measurement).
+Both sides: one process, ``--threads`` torch threads, random weights.
 
 Shapes (``--shapes``, comma-separated; ``benchmarks/shapes.py``):
   gpt2_1   2 layers, width 128, GPT-2's 50,257-token vocabulary, prompts ≤ 64, 50 new tokens
@@ -102,6 +104,7 @@ def main(argv=None):
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--trl-bf16", action="store_true", help="TRL's default precision: bfloat16 autocast")
     p.add_argument("--no-trl-cpu-settings", action="store_true",
                    help="skip the third run of each round (TRL with rlhf_train's CPU settings)")
     p.add_argument("--venv-root", default=os.environ.get("RLHF_TRAIN_BENCH_VENVS",
@@ -118,7 +121,7 @@ def main(argv=None):
                 ours_cmd = [sys.executable, str(HERE / "ppo_iteration.py"), *shape_args(SHAPES[shape], algo, a, True)]
                 res["ours"].append(run(ours_cmd, {**base_env, **CPU_SETTINGS}))
                 trl_cmd = [str(pythons[algo]), str(HERE / "trl_side.py"), "--algo", algo,
-                           *shape_args(SHAPES[shape], algo, a, False)]
+                           *shape_args(SHAPES[shape], algo, a, False), *(["--bf16"] if a.trl_bf16 else [])]
                 res["trl"].append(run(trl_cmd, base_env))
                 if not a.no_trl_cpu_settings:
                     res["trl_cpu"].append(run(trl_cmd, {**base_env, **CPU_SETTINGS}))
@@ -132,7 +135,8 @@ def main(argv=None):
                 "speedup": round(med["trl"] / med["ours"], 2),
                 "rlhf_train_peak_rss_mb": max(x["peak_rss_mb"] for x in res["ours"]),
                 "trl_peak_rss_mb": max(x["peak_rss_mb"] for x in res["trl"]),
-                "trl_version": res["trl"][0]["trl_version"], "rounds": a.rounds, "threads": a.threads}
+                "trl_version": res["trl"][0]["trl_version"], "trl_precision": "bf16" if a.trl_bf16 else "fp32",
+                "rounds": a.rounds, "threads": a.threads}
         if "trl_cpu" in med:
             line.update(trl_cpu_settings_s=round(med["trl_cpu"], 3),
                         speedup_trl_cpu_settings=round(med["trl_cpu"] / med["ours"], 2))
