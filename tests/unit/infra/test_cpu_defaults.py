@@ -55,11 +55,11 @@ def test_freed_memory_is_reused_without_page_faults():
                     reason="the malloc settings are glibc's")
 def test_tensors_above_glibcs_largest_threshold_are_reused_too():
     # 4 tensors of 64 MB (an LM head's [V, N] buffer or [V, H] gradient is 100+ MB), 4 KB pages: glibc maps
-    # anything over 32 MB afresh at any threshold unless MALLOC_MMAP_MAX_=0. The fourth round: glibc 2.36's
+    # anything over 32 MB afresh at any threshold unless MALLOC_MMAP_MAX_=0. The sixth round: glibc 2.36's
     # posix_memalign (PyTorch's CPU allocator aligns to 64 bytes) asks for a little more than the block it
-    # freed, so the heap grows for two more rounds before each tensor finds a freed block of its size
-    plain = last_round_faults("plain", count=4, mb=64, rounds=4, huge_pages=False)
-    tuned = last_round_faults("defaults", count=4, mb=64, rounds=4, huge_pages=False)
+    # freed, so the heap grows for two or three more rounds before each tensor finds a freed block of its size
+    plain = last_round_faults("plain", count=4, mb=64, rounds=6, huge_pages=False)
+    tuned = last_round_faults("defaults", count=4, mb=64, rounds=6, huge_pages=False)
     assert plain > 30_000  # 256 MB mapped afresh: ~65 k 4 KB pages
     assert tuned < plain / 5
 
