@@ -12,6 +12,9 @@ import sys
 
 import pytest
 
+glibc_only = pytest.mark.skipif("glibc" not in (os.confstr("CS_GNU_LIBC_VERSION") if hasattr(os, "confstr") else ""),
+                                reason="the malloc settings are glibc's")
+
 # `count` tensors of `mb` MB, held and freed `rounds` times; the last round's minor page faults (fresh pages) are
 # printed
 ROUNDS = """
@@ -40,8 +43,7 @@ def last_round_faults(mode: str, count: int = 24, mb: int = 16, rounds: int = 2,
     return int(out.stdout.split()[-1])
 
 
-@pytest.mark.skipif("glibc" not in (os.confstr("CS_GNU_LIBC_VERSION") if hasattr(os, "confstr") else ""),
-                    reason="the malloc settings are glibc's")
+@glibc_only
 def test_freed_memory_is_reused_without_page_faults():
     # 24 tensors of 16 MB (the size of a SmolLM2-shape activation)
     plain, tuned = last_round_faults("plain"), last_round_faults("defaults")
@@ -51,8 +53,7 @@ def test_freed_memory_is_reused_without_page_faults():
     assert tuned < plain / 5
 
 
-@pytest.mark.skipif("glibc" not in (os.confstr("CS_GNU_LIBC_VERSION") if hasattr(os, "confstr") else ""),
-                    reason="the malloc settings are glibc's")
+@glibc_only
 def test_tensors_above_glibcs_largest_threshold_are_reused_too():
     # 4 tensors of 64 MB (an LM head's [V, N] buffer or [V, H] gradient is 100+ MB), 4 KB pages: glibc maps
     # anything over 32 MB afresh at any threshold unless MALLOC_MMAP_MAX_=0. The sixth round: glibc 2.36's
